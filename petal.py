@@ -1,0 +1,67 @@
+"""The `petal` command.
+
+A dispatcher only: each subcommand lives in the package it belongs to and parses its own flags, so that
+`petal serve` never pays for importing Beam and training never imports serving.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "synth": ("training.synth", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
+    "tfrecords": ("training.tfrecords", "convert JPEGs to sharded TFRecords with Apache Beam"),
+    "train": ("training.train", "train and evaluate, checkpointing and resuming"),
+    "export": ("training.export", "export a checkpoint as a SavedModel that takes JPEG bytes"),
+    "serve": ("serving.server", "serve models over REST and gRPC (tensorflow_model_server flags)"),
+    "predict": ("serving.predict", "classify images in-process or against a server"),
+    "batch": ("serving.batch_job", "run a batch prediction job on Apache Beam"),
+    "loadtest": ("serving.loadtest", "run Locust load tests against latency SLOs"),
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, so logs can be shipped and queried without parsing prose."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                 "msg": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Quiet by default: warnings only, and TensorFlow's C++ chatter off unless asked for."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+
+
+def usage() -> str:
+    lines = ["usage: petal [-v] COMMAND [flags]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `petal COMMAND --help` for a command's flags. -v turns on INFO logs."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = bool(argv) and argv[0] in ("-v", "--verbose")
+    if verbose:
+        argv = argv[1:]
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(usage(), file=sys.stdout if argv[:1] in ([], ["-h"], ["--help"]) else sys.stderr)
+        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    configure_logging(verbose)
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
