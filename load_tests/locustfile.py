@@ -1,0 +1,226 @@
+"""Locust users for a Petal (or TF Serving) deployment: REST :predict, REST :classify_image, gRPC Predict and
+KServe V2 infer, each a closed loop with no think time, so `--users` is the concurrency.
+
+Run it through `petal loadtest` (which adds the SLO check, reports and the sweep), or directly:
+
+    locust -f load_tests/locustfile.py --headless -u 4 -t 30s --host http://127.0.0.1:8501 \
+        --images DIR --grpc-host 127.0.0.1:8500 --weights rest_predict=1,grpc_predict=1
+
+Request bodies are built once per image at start-up, so the load generator spends its CPU on sending, not on
+base64 and JSON, and the numbers measure the server.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from pathlib import Path
+
+from locust import FastHttpUser, User, constant, events, task  # noqa: I001  (imports gevent and patches first)
+
+import grpc
+import grpc.experimental.gevent as grpc_gevent
+
+from serving.slo import ENDPOINTS, SLOError, parse_weights
+
+grpc_gevent.init_gevent()  # without this a blocking gRPC call stalls every other simulated user
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp"}
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # clients default to 4 MB, too small for multi-megapixel JPEGs
+
+
+class Corpus:
+    """The JPEGs every user draws from, and their request bodies per protocol, built once."""
+
+    images: list[bytes] = []
+    grpc_requests: list = []
+
+    @classmethod
+    def load(cls, folder: str) -> None:
+        paths = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not paths:
+            raise SystemExit(f"--images {folder}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) found")
+        cls.images = [p.read_bytes() for p in paths]
+
+    @classmethod
+    def build_grpc_requests(cls, model_name: str) -> None:
+        """Done at init, before the clock starts: the protos pull in TensorFlow, a multi-second import that
+        REST-only runs skip altogether."""
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        for image in cls.images:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image], dtype=tf.string))
+            cls.grpc_requests.append(request)
+
+
+@events.init_command_line_parser.add_listener
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("Petal")
+    group.add_argument("--images", default="", help="folder of images to send (searched recursively)")
+    group.add_argument("--model-name", default="flowers", help="model name in the request paths")
+    group.add_argument("--grpc-host", default="127.0.0.1:8500", help="host:port of the gRPC endpoint")
+    group.add_argument("--weights", default="", help=f"NAME=N,... with NAME in {', '.join(ENDPOINTS)};"
+                                                     " endpoints left out get no traffic (default: all, weight 1)")
+    group.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request fails")
+
+
+@events.init.add_listener
+def on_init(environment, **_kwargs) -> None:
+    """Apply --weights (dropping weight-0 users) and the timeout, and load the corpus before any user starts."""
+    options = environment.parsed_options
+    if options is None:  # used as a library: the caller configures the classes
+        return
+    try:
+        weights = parse_weights(options.weights) if options.weights else dict.fromkeys(ENDPOINTS, 1)
+    except SLOError as exc:
+        raise SystemExit(str(exc)) from exc
+    for user_class in environment.user_classes:
+        user_class.weight = weights.get(user_class.endpoint, 0)
+        user_class.network_timeout = user_class.connection_timeout = options.request_timeout
+    environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
+    if not environment.user_classes:
+        raise SystemExit(f"--weights {options.weights!r} selects none of this file's users")
+    if not options.images:
+        raise SystemExit("--images DIR is required (petal loadtest makes a synthetic corpus for you)")
+    Corpus.load(options.images)
+    if GrpcPredictUser in environment.user_classes:
+        Corpus.build_grpc_requests(options.model_name)
+
+
+def _error_message(body: bytes) -> str:
+    """The server's {"error": ...} message, or the start of whatever else it sent."""
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+class _RestUser(FastHttpUser):
+    """Shared by the HTTP users: one JSON or raw body per image, a check on the answer's shape."""
+
+    abstract = True
+    wait_time = constant(0)
+    endpoint = ""
+    content_type = "application/json"
+    bodies: list[bytes] = []
+
+    def path(self) -> str:
+        raise NotImplementedError
+
+    def body(self, image: bytes) -> bytes:
+        raise NotImplementedError
+
+    def valid(self, answer: dict) -> bool:
+        raise NotImplementedError
+
+    def on_start(self) -> None:
+        cls = type(self)
+        if not cls.bodies:
+            cls.bodies = [self.body(image) for image in Corpus.images]
+
+    @task
+    def send(self) -> None:
+        body = random.choice(self.bodies)
+        with self.client.post(self.path(), data=body, headers={"Content-Type": self.content_type},
+                              name=self.endpoint, catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {_error_message(response.content or b'')}")
+                return
+            try:
+                ok = self.valid(json.loads(response.content))
+            except (ValueError, TypeError, KeyError, IndexError):
+                ok = False
+            if not ok:
+                response.failure(f"unexpected answer: {(response.content or b'')[:200]!r}")
+
+
+class RestPredictUser(_RestUser):
+    """TF Serving's row format with the JPEG as {"b64": ...}: what most REST clients send."""
+
+    endpoint = "rest_predict"
+
+    def path(self) -> str:
+        return f"/v1/models/{self.environment.parsed_options.model_name}:predict"
+
+    def body(self, image: bytes) -> bytes:
+        return json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}]}).encode()
+
+    def valid(self, answer: dict) -> bool:
+        return len(answer["predictions"]) == 1
+
+
+class RestClassifyImageUser(_RestUser):
+    """Petal's raw-bytes route: no base64 or JSON on the way in."""
+
+    endpoint = "rest_classify_image"
+    content_type = "image/jpeg"
+
+    def path(self) -> str:
+        return f"/v1/models/{self.environment.parsed_options.model_name}:classify_image"
+
+    def body(self, image: bytes) -> bytes:
+        return image
+
+    def valid(self, answer: dict) -> bool:
+        return len(answer["predictions"]) >= 1 and "label" in answer["predictions"][0]
+
+
+class V2InferUser(_RestUser):
+    """KServe V2 / Open Inference Protocol with the JPEG as a base64 BYTES element."""
+
+    endpoint = "v2_infer"
+
+    def path(self) -> str:
+        return f"/v2/models/{self.environment.parsed_options.model_name}/infer"
+
+    def body(self, image: bytes) -> bytes:
+        return json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
+                                       "parameters": {"content_type": "base64"},
+                                       "data": [base64.b64encode(image).decode()]}]}).encode()
+
+    def valid(self, answer: dict) -> bool:
+        return bool(answer["outputs"])
+
+
+class GrpcError(Exception):
+    """A failed RPC as Locust shows it: status code and the server's message, not grpc's repr."""
+
+
+class GrpcPredictUser(User):
+    """TF Serving's PredictionService.Predict; fires Locust's request event with the real time and error."""
+
+    wait_time = constant(0)
+    endpoint = "grpc_predict"
+
+    def on_start(self) -> None:
+        from tensorflow_serving.apis import prediction_service_pb2_grpc  # already imported by build_grpc_requests
+
+        options = self.environment.parsed_options
+        self.timeout = options.request_timeout
+        self.channel = grpc.insecure_channel(options.grpc_host, options=[
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)])
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    def on_stop(self) -> None:
+        self.channel.close()
+
+    @task
+    def predict(self) -> None:
+        request = random.choice(Corpus.grpc_requests)
+        started = time.perf_counter()
+        length, error = 0, None
+        try:
+            response = self.stub.Predict(request, timeout=self.timeout)
+            length = response.ByteSize()
+            if "probabilities" not in response.outputs:
+                error = GrpcError(f"unexpected answer: outputs {sorted(response.outputs)}")
+        except grpc.RpcError as exc:
+            error = GrpcError(f"{exc.code().name}: {exc.details()}")
+        self.environment.events.request.fire(
+            request_type="grpc", name=self.endpoint, response_time=(time.perf_counter() - started) * 1000.0,
+            response_length=length, exception=error, context={})

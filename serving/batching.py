@@ -1,0 +1,276 @@
+"""Dynamic batching shared by every protocol, with TF Serving's `BatchingParameters` semantics (SPEC §4).
+
+Requests for the same (model, version, signature) queue together; `num_batch_threads` threads each take the
+oldest ready queue's head, merge up to `max_batch_size` rows, pad to the next `allowed_batch_sizes` entry and
+run them in one signature call. With `batch_timeout_micros` 0 (TF Serving's CPU advice) batches form only from
+what queued while the threads were busy, so a lone request never waits, and a loaded server batches itself.
+A batch that fails with INVALID_ARGUMENT is re-run request by request, so one bad image fails only its own request.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+import numpy as np
+
+from serving.errors import ServingError
+from serving.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """TF Serving's BatchingParameters. Defaults follow its CPU advice: one thread per core, no timeout, and a
+    queue of `num_batch_threads` batches for online serving."""
+    max_batch_size: int = 64
+    batch_timeout_micros: int = 0
+    max_enqueued_batches: int = max(2, os.cpu_count() or 1)
+    num_batch_threads: int = max(2, os.cpu_count() or 1)
+    allowed_batch_sizes: tuple[int, ...] = ()
+    pad_variable_length_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
+            raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be positive")
+        if self.batch_timeout_micros < 0:
+            raise ValueError("batch_timeout_micros must not be negative")
+        sizes = list(self.allowed_batch_sizes)
+        if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] != self.max_batch_size):
+            raise ValueError("allowed_batch_sizes must be increasing and end with max_batch_size, got "
+                             f"{sizes} for max_batch_size {self.max_batch_size}")
+
+    @classmethod
+    def from_proto(cls, proto) -> "BatchingOptions":
+        """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults."""
+        values = {}
+        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
+            if proto.HasField(name):
+                values[name] = getattr(proto, name).value
+        values["pad_variable_length_inputs"] = proto.pad_variable_length_inputs
+        if proto.allowed_batch_sizes:
+            values["allowed_batch_sizes"] = tuple(proto.allowed_batch_sizes)
+        return cls(**values)
+
+    def padded_size(self, rows: int) -> int:
+        for size in self.allowed_batch_sizes:
+            if size >= rows:
+                return size
+        return rows
+
+
+class _Task:
+    __slots__ = ("inputs", "size", "enqueued", "done", "outputs", "error", "cancelled")
+
+    def __init__(self, inputs: dict[str, np.ndarray], size: int):
+        self.inputs = inputs
+        self.size = size
+        self.enqueued = time.monotonic()
+        self.done = threading.Event()
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.error: ServingError | None = None
+        self.cancelled = False
+
+
+class _Queue:
+    __slots__ = ("model_name", "run", "tasks", "rows")
+
+    def __init__(self, model_name: str, run: RunFn):
+        self.model_name = model_name
+        self.run = run
+        self.tasks: collections.deque[_Task] = collections.deque()
+        self.rows = 0
+
+
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """Pad by repeating the last real row: unlike zeros, a copy of a real image always decodes."""
+    return np.concatenate([array, np.repeat(array[-1:], rows, axis=0)])
+
+
+def _pad_to_shape(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """TF Serving's pad_variable_length_inputs: pad every non-batch dimension up to the batch's largest."""
+    out = np.full((array.shape[0],) + shape, b"" if array.dtype == object else 0, dtype=array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out
+
+
+class Batcher:
+    """One per worker process; `run` blocks the calling request thread until its rows come back."""
+
+    def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True):
+        self.options = options
+        self.enabled = enabled
+        self._metrics = metrics
+        self._cond = threading.Condition()
+        self._queues: dict[Hashable, _Queue] = {}
+        self._closed = False
+        self._threads = []
+        if enabled:
+            for i in range(options.num_batch_threads):
+                thread = threading.Thread(target=self._loop, name=f"petal-batch-{i}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
+            deadline: float | None = None) -> dict[str, np.ndarray]:
+        """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`."""
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request was queued")
+        if not self.enabled:
+            return fn(inputs)
+        step = self.options.max_batch_size
+        chunks = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, size - i))
+                  for i in range(0, size, step)] if size > step else [_Task(inputs, size)]
+        self._enqueue(key, model_name, fn, chunks)
+        for task in chunks:
+            self._wait(task, deadline)
+        if len(chunks) == 1:
+            return chunks[0].outputs
+        return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
+
+    def queue_depth(self) -> int:
+        with self._cond:
+            return sum(q.rows for q in self._queues.values())
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def forget(self, model: str, version: int) -> None:
+        """Drop a retired version's empty queues (keys are (model, version, signature)), so they do not pile up."""
+        with self._cond:
+            for key in [k for k, q in self._queues.items()
+                        if isinstance(k, tuple) and k[:2] == (model, version) and not q.tasks]:
+                del self._queues[key]
+
+    def _enqueue(self, key: Hashable, model_name: str, fn: RunFn, tasks: list[_Task]) -> None:
+        rows = sum(t.size for t in tasks)
+        capacity = self.options.max_enqueued_batches * self.options.max_batch_size
+        with self._cond:
+            if self._closed:
+                raise ServingError("UNAVAILABLE", "The server is shutting down")
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = _Queue(model_name, fn)
+            if queue.rows + rows > max(capacity, rows if not queue.tasks else 0):
+                self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
+                raise ServingError("UNAVAILABLE", "The batch scheduling queue to which this task was submitted "
+                                   "is full")
+            queue.tasks.extend(tasks)
+            queue.rows += rows
+            self._metrics.queue_depth.inc(rows, model_name=model_name)
+            self._cond.notify()
+
+    def _wait(self, task: _Task, deadline: float | None) -> None:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not task.done.wait(timeout):
+            task.cancelled = True
+            raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was queued or running")
+        if task.error is not None:
+            raise task.error
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    queue, wait = self._pick()
+                    if queue is not None:
+                        tasks = self._take(queue)
+                        if tasks:
+                            break
+                        continue
+                    self._cond.wait(wait)
+            self._execute(queue, tasks)
+
+    def _pick(self) -> tuple[_Queue | None, float | None]:
+        """The ready queue with the oldest head, else how long until the first open batch times out."""
+        now = time.monotonic()
+        timeout = self.options.batch_timeout_micros / 1e6
+        best, wait = None, None
+        for queue in self._queues.values():
+            if not queue.tasks:
+                continue
+            head = queue.tasks[0].enqueued
+            if queue.rows >= self.options.max_batch_size or now - head >= timeout:
+                if best is None or head < best.tasks[0].enqueued:
+                    best = queue
+            else:
+                remaining = head + timeout - now
+                wait = remaining if wait is None else min(wait, remaining)
+        return best, wait
+
+    def _take(self, queue: _Queue) -> list[_Task]:
+        tasks, rows, now = [], 0, time.monotonic()
+        while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size:
+            task = queue.tasks.popleft()
+            queue.rows -= task.size
+            self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
+            if task.cancelled:
+                continue
+            self._metrics.queuing_latency.observe((now - task.enqueued) * 1e6, model_name=queue.model_name)
+            tasks.append(task)
+            rows += task.size
+        return tasks
+
+    def _execute(self, queue: _Queue, tasks: list[_Task]) -> None:
+        try:
+            outputs = self._run_batch(queue, tasks)
+        except ServingError as error:
+            if error.code == "INVALID_ARGUMENT" and len(tasks) > 1:
+                for task in tasks:
+                    self._execute(queue, [task])
+                return
+            for task in tasks:
+                task.error = error
+                task.done.set()
+            return
+        except Exception as error:  # a bug must fail its requests, never hang them
+            logger.exception("batch failed", extra={"fields": {"model": queue.model_name}})
+            for task in tasks:
+                task.error = ServingError("INTERNAL", f"Batch failed: {error}")
+                task.done.set()
+            return
+        offset = 0
+        for task in tasks:
+            task.outputs = {k: v[offset:offset + task.size] for k, v in outputs.items()}
+            offset += task.size
+            task.done.set()
+
+    def _run_batch(self, queue: _Queue, tasks: list[_Task]) -> dict[str, np.ndarray]:
+        rows = sum(t.size for t in tasks)
+        padded = self.options.padded_size(rows)
+        if len(tasks) == 1 and padded == rows:
+            inputs = tasks[0].inputs
+        else:
+            inputs = {name: self._merge([t.inputs[name] for t in tasks]) for name in tasks[0].inputs}
+            if padded > rows:
+                inputs = {k: _pad_rows(v, padded - rows) for k, v in inputs.items()}
+        self._metrics.processed_batch_size.observe(padded, model_name=queue.model_name)
+        self._metrics.padding_size.observe(padded - rows, model_name=queue.model_name,
+                                           execution_batch_size=str(padded))
+        outputs = queue.run(inputs)
+        for name, value in outputs.items():
+            if value.ndim == 0 or value.shape[0] != padded:
+                raise ServingError("INTERNAL", f"Output {name} has shape {list(value.shape)}, which is not "
+                                   f"batched along the first dimension (batch of {padded})")
+        return outputs
+
+    def _merge(self, arrays: list[np.ndarray]) -> np.ndarray:
+        shapes = {a.shape[1:] for a in arrays}
+        if len(shapes) > 1:
+            if not self.options.pad_variable_length_inputs or len({len(s) for s in shapes}) > 1:
+                raise ServingError("INVALID_ARGUMENT", "Tensors from different requests have different shapes "
+                                   f"{sorted(shapes)} and padding is turned off")
+            target = tuple(max(dims) for dims in zip(*shapes))
+            arrays = [_pad_to_shape(a, target) for a in arrays]
+        return np.concatenate(arrays)

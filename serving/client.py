@@ -1,0 +1,205 @@
+"""A small Python client for a Petal server, over REST or gRPC.
+
+    from serving.client import Client
+    with Client("localhost:8500", use_grpc=True) as client:
+        for p in client.predict([open("rose.jpg", "rb").read()], top_k=3):
+            print(p.label, p.score, p.top_k)
+
+REST goes through KServe V2 `infer` with Triton's binary encoding and the classification extension (raw JPEG
+bytes, no base64, the labels come back with the scores); gRPC goes through TF Serving's `Classify`. Both
+answer with the server's labels, so the client needs no label file. Transient failures (HTTP 503, gRPC
+UNAVAILABLE, a refused connection while a server restarts) are retried with exponential backoff and full
+jitter; the caller's mistakes (4xx) raise RequestError at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
+
+import grpc
+import requests
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow_serving.apis import classification_pb2, input_pb2, model_pb2, prediction_service_pb2_grpc
+
+T = TypeVar("T")
+Image = bytes | str | os.PathLike
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# gRPC codes that mean "your request is wrong"; everything else is the server's side.
+GRPC_REQUEST_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                       grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE,
+                       grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                       grpc.StatusCode.ALREADY_EXISTS}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One image's answer: the best label and its score, and the top-k (label, score) pairs, best first."""
+
+    label: str
+    score: float
+    top_k: tuple[tuple[str, float], ...]
+
+
+class PetalError(Exception):
+    """A failed prediction; `code` is a TF status name ("INVALID_ARGUMENT") or "HTTP <status>"."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class RequestError(PetalError):
+    """The request was refused (HTTP 4xx, gRPC INVALID_ARGUMENT/NOT_FOUND/...): retrying will not help."""
+
+
+class ServerError(PetalError):
+    """The server failed, stayed unavailable through every retry, or the timeout passed."""
+
+
+class Retry(Exception):
+    """Internal: a transient failure worth another attempt."""
+
+    def __init__(self, error: PetalError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def read_image(image: Image) -> bytes:
+    if isinstance(image, bytes):
+        return image
+    with open(image, "rb") as f:
+        return f.read()
+
+
+def from_pairs(pairs: Sequence[tuple[str, float]], top_k: int) -> Prediction:
+    ranked = tuple(pairs[:top_k])
+    if not ranked:
+        raise ServerError("INTERNAL", "server returned no classes")
+    return Prediction(label=ranked[0][0], score=ranked[0][1], top_k=ranked)
+
+
+class Client:
+    """A connection to one server and model; reuse it, it keeps its HTTP session or gRPC channel open."""
+
+    def __init__(self, server: str = "localhost:8501", *, use_grpc: bool = False, model: str = "flowers",
+                 version: int | None = None, timeout: float = 30.0, retries: int = 3, backoff: float = 0.1,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.server, self.use_grpc, self.model, self.version = server, use_grpc, model, version
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        if use_grpc:
+            # gRPC clients refuse messages over 4 MB by default; images need more.
+            self.channel = grpc.insecure_channel(server, options=[
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes)])
+            self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        else:
+            self.session = requests.Session()
+            base = server if "://" in server else f"http://{server}"
+            path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
+            self.infer_url = f"{base}{path}/infer"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.use_grpc:
+            self.channel.close()
+        else:
+            self.session.close()
+
+    def predict(self, images: Sequence[Image], top_k: int = 3) -> list[Prediction]:
+        """Classify images (encoded bytes or file paths) in one request; one Prediction per image, in order."""
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        data = [read_image(image) for image in images]
+        if not data:
+            return []
+        call = self._grpc_predict if self.use_grpc else self._rest_predict
+        return self._with_retries(lambda deadline: call(data, top_k, deadline))
+
+    def _with_retries(self, attempt: Callable[[float], T]) -> T:
+        deadline = time.monotonic() + self.timeout
+        for number in range(self.retries + 1):
+            try:
+                return attempt(deadline)
+            except Retry as retry:
+                pause = random.uniform(0, self.backoff * 2 ** number)
+                if number == self.retries or time.monotonic() + pause >= deadline:
+                    raise retry.error from None
+                time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _grpc_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
+        spec = model_pb2.ModelSpec(name=self.model)
+        if self.version is not None:
+            spec.version.value = self.version
+        examples = [example_pb2.Example(features=feature_pb2.Features(feature={
+            "image_bytes": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image]))}))
+            for image in data]
+        request = classification_pb2.ClassificationRequest(
+            model_spec=spec, input=input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples)))
+        try:
+            response = self.stub.Classify(request, timeout=max(deadline - time.monotonic(), 0.001))
+        except grpc.RpcError as err:
+            code, message = err.code(), err.details() or ""
+            if code in GRPC_REQUEST_ERRORS:
+                raise RequestError(code.name, message) from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise Retry(ServerError(code.name, message)) from None
+            raise ServerError(code.name, message) from None
+        return [from_pairs([(c.label, c.score) for c in row.classes], top_k)
+                for row in response.result.classifications]
+
+    def _rest_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
+        raw = b"".join(struct.pack("<I", len(image)) + image for image in data)
+        header = json.dumps({
+            "inputs": [{"name": "image_bytes", "shape": [len(data)], "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(raw)}}],
+            "outputs": [{"name": "probabilities", "parameters": {"classification": top_k}}]}).encode()
+        try:
+            response = self.session.post(
+                self.infer_url, data=header + raw, timeout=max(deadline - time.monotonic(), 0.001),
+                headers={"Inference-Header-Content-Length": str(len(header)),
+                         "Content-Type": "application/octet-stream"})
+        except requests.Timeout as exc:
+            raise ServerError("DEADLINE_EXCEEDED", f"no answer from {self.infer_url} in time: {exc}") from None
+        except requests.ConnectionError as exc:
+            raise Retry(ServerError("UNAVAILABLE", f"cannot connect to {self.infer_url}: {exc}")) from None
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:500]
+            error_type = RequestError if 400 <= response.status_code < 500 else ServerError
+            error = error_type(f"HTTP {response.status_code}", message)
+            if response.status_code == 503:
+                raise Retry(error)
+            raise error
+        outputs = response.json()["outputs"]
+        rows = outputs[0]["data"]
+        per_image = len(rows) // len(data)
+        predictions = []
+        for i in range(len(data)):
+            pairs = []
+            for entry in rows[i * per_image:(i + 1) * per_image]:
+                score, index, *label = entry.split(":", 2)
+                pairs.append((label[0] if label else index, float(score)))
+            predictions.append(from_pairs(pairs, top_k))
+        return predictions
+
+
+def predict(images: Sequence[Image], server: str = "localhost:8501", *, model: str = "flowers",
+            top_k: int = 3, use_grpc: bool = False, timeout: float = 30.0) -> list[Prediction]:
+    """One-shot convenience: open a Client, classify, close."""
+    with Client(server, use_grpc=use_grpc, model=model, timeout=timeout) as client:
+        return client.predict(images, top_k=top_k)

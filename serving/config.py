@@ -1,0 +1,148 @@
+"""`petal serve` flags (tensorflow_model_server's, plus Petal's own) and the text-proto files they name."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.batching import BatchingOptions
+from serving.protos import BatchingParameters, MonitoringConfig
+
+DEFAULT_MODEL_NAME = "flowers"
+DEFAULT_MODEL_BASE_PATH = os.path.join("exported_models", DEFAULT_MODEL_NAME)
+DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
+MB = 1024 * 1024
+
+
+@dataclass
+class ServerOptions:
+    port: int = 8500
+    rest_api_port: int = 8501
+    host: str = "0.0.0.0"
+    model_name: str = DEFAULT_MODEL_NAME
+    model_base_path: str = DEFAULT_MODEL_BASE_PATH
+    model_config_file: str = ""
+    model_config_file_poll_wait_seconds: float = 0.0
+    file_system_poll_wait_seconds: float = 1.0
+    enable_batching: bool = True
+    batching_parameters_file: str = ""
+    rest_api_timeout_in_ms: int = 30000
+    enable_model_warmup: bool = True
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    monitoring_config_file: str = ""
+    grpc_max_message_bytes: int = 64 * MB
+    grpc_channel_arguments: str = ""
+    workers: int = 1
+    threads: int = 32
+    max_request_bytes: int = 32 * MB
+    max_image_pixels: int = 40_000_000
+    graceful_timeout: float = 30.0
+    batching: BatchingOptions = field(default_factory=BatchingOptions)
+    metrics_path: str | None = DEFAULT_METRICS_PATH
+
+    def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
+        if self.model_config_file:
+            return read_model_config(self.model_config_file)
+        config = model_server_config_pb2.ModelServerConfig()
+        model = config.model_config_list.config.add()
+        model.name, model.base_path, model.model_platform = self.model_name, self.model_base_path, "tensorflow"
+        return config
+
+
+def parse_bool(text: str) -> bool:
+    """TF Serving's boolean flags: `--flag`, `--flag=true`, `--flag=false` (and 1/0)."""
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes", "t", "y"):
+        return True
+    if value in ("false", "0", "no", "f", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def read_model_config(path: str) -> model_server_config_pb2.ModelServerConfig:
+    """A text-format ModelServerConfig; relative base paths are taken relative to the working directory."""
+    with open(path) as f:
+        config = text_format.Parse(f.read(), model_server_config_pb2.ModelServerConfig())
+    if config.WhichOneof("config") != "model_config_list":
+        raise ValueError(f"{path}: only model_config_list is supported")
+    for model in config.model_config_list.config:
+        if not model.name or not model.base_path:
+            raise ValueError(f"{path}: every config needs a name and a base_path")
+        if model.model_platform not in ("", "tensorflow"):
+            raise ValueError(f"{path}: model_platform {model.model_platform!r} is not supported")
+    return config
+
+
+def read_batching_parameters(path: str) -> BatchingOptions:
+    with open(path) as f:
+        return BatchingOptions.from_proto(text_format.Parse(f.read(), BatchingParameters()))
+
+
+def read_metrics_path(path: str) -> str | None:
+    """The Prometheus path from a MonitoringConfig; None when it disables the exporter."""
+    with open(path) as f:
+        config = text_format.Parse(f.read(), MonitoringConfig())
+    if config.HasField("prometheus_config") and not config.prometheus_config.enable:
+        return None
+    return config.prometheus_config.path or DEFAULT_METRICS_PATH
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="petal serve", description="Serve SavedModels over TF Serving's REST and gRPC APIs and KServe V2. "
+        "Takes tensorflow_model_server's flags; booleans accept --flag=true/false.")
+    flag = parser.add_argument
+    boolean = {"type": parse_bool, "nargs": "?", "const": True, "metavar": "true|false"}
+    d = ServerOptions()
+    flag("--port", type=int, default=d.port, help="gRPC port; 0 turns gRPC off")
+    flag("--rest_api_port", type=int, default=d.rest_api_port, help="REST (and KServe V2) port")
+    flag("--host", default=d.host, help="address both ports bind to (Petal)")
+    flag("--model_name", default=d.model_name)
+    flag("--model_base_path", default=d.model_base_path)
+    flag("--model_config_file", default="", help="text-format ModelServerConfig; overrides --model_name/base_path")
+    flag("--model_config_file_poll_wait_seconds", type=float, default=0.0, help="re-read the config file; 0: never")
+    flag("--file_system_poll_wait_seconds", type=float, default=d.file_system_poll_wait_seconds,
+         help="poll model base paths for new versions; 0: once at startup")
+    flag("--enable_batching", default=True, help="on by default in Petal (off in TF Serving)", **boolean)
+    flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
+    flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
+    flag("--enable_model_warmup", default=True, **boolean)
+    flag("--tensorflow_intra_op_parallelism", type=int, default=0, help="0: cores / workers")
+    flag("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: TensorFlow's default")
+    flag("--tensorflow_session_parallelism", type=int, default=0, help="accepted for compatibility; unused")
+    flag("--monitoring_config_file", default="", help="text-format MonitoringConfig (prometheus_config)")
+    flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")
+    flag("--grpc_channel_arguments", default="", help="comma-separated key=value gRPC channel arguments")
+    flag("--workers", type=int, default=d.workers, help="(Petal) worker processes, each with its own model copy")
+    flag("--threads", "--rest_api_num_threads", dest="threads", type=int, default=d.threads,
+         help="(Petal) request threads per worker")
+    flag("--max_request_bytes", type=int, default=d.max_request_bytes, help="(Petal) larger bodies get 413")
+    flag("--max_image_pixels", type=int, default=d.max_image_pixels,
+         help="(Petal) larger images get 400 before they are decoded")
+    flag("--graceful_timeout", type=float, default=d.graceful_timeout,
+         help="(Petal) on SIGTERM, how long requests in flight get to finish")
+    return parser
+
+
+def parse_args(argv: list[str]) -> ServerOptions:
+    """Flags to options, reading the files they name, so a bad file fails at startup with its path."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if k != "tensorflow_session_parallelism"}
+    options = ServerOptions(**values)
+    try:
+        if args.batching_parameters_file:
+            options.batching = read_batching_parameters(args.batching_parameters_file)
+        if args.monitoring_config_file:
+            options.metrics_path = read_metrics_path(args.monitoring_config_file)
+        if args.model_config_file:
+            read_model_config(args.model_config_file)
+    except (OSError, ValueError, text_format.ParseError) as error:
+        parser.error(str(error))
+    if options.workers < 1 or options.threads < 1:
+        parser.error("--workers and --threads must be at least 1")
+    return options

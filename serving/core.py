@@ -1,0 +1,254 @@
+"""The serving core: one per worker process, shared by REST, gRPC and KServe V2.
+
+Protocols are thin adapters: they turn their wire format into numpy arrays and call `Core.predict`; the core
+resolves the servable, validates the inputs against its signature, and hands them to the one dynamic batcher, so
+requests from every protocol batch together on one model copy.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving import images
+from serving.batching import Batcher
+from serving.config import ServerOptions, read_model_config
+from serving.errors import ServingError, invalid
+from serving.metrics import Metrics
+from serving.repository import (DEFAULT_SIGNATURE, Repository, Servable, SignatureInfo, TensorInfo,  # noqa: F401
+                                VersionStatus)
+
+logger = logging.getLogger(__name__)
+
+IMAGE_INPUT = "image_bytes"
+PROBABILITIES_OUTPUT = "probabilities"
+
+_NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
+                 "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64, "DT_UINT8": np.uint8,
+                 "DT_UINT16": np.uint16, "DT_UINT32": np.uint32, "DT_UINT64": np.uint64, "DT_BOOL": np.bool_}
+
+
+@dataclass
+class PredictResult:
+    model: str
+    version: int
+    signature_name: str
+    outputs: dict[str, np.ndarray]
+
+
+def numpy_dtype(dtype: str):
+    """The numpy dtype for a TF dtype name; object (of bytes) for DT_STRING."""
+    if dtype == "DT_STRING":
+        return object
+    if dtype not in _NUMPY_DTYPES:
+        raise invalid(f"Unsupported input dtype {dtype}")
+    return _NUMPY_DTYPES[dtype]
+
+
+def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
+    """An input converted to the signature's dtype and checked against its shape (batch dimension included)."""
+    try:
+        if info.dtype == "DT_STRING":
+            array = np.asarray(value, dtype=object)
+            if array.size and not all(isinstance(v, bytes) for v in array.flat):
+                array = np.vectorize(_to_bytes, otypes=[object])(array)
+        else:
+            array = np.asarray(value)
+            if array.dtype.kind not in "biuf":
+                raise ValueError(f"got {array.dtype.name} values")
+            array = array.astype(numpy_dtype(info.dtype), copy=False)
+    except (TypeError, ValueError) as error:
+        raise invalid(f"Input {name!r} expects {info.dtype}: {error}") from None
+    if info.shape is not None:
+        if array.ndim != len(info.shape) or any(want not in (-1, have) for want, have in zip(info.shape, array.shape)):
+            raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
+                          f"{info.shape} (-1 is any size)")
+    return array
+
+
+def _to_bytes(value) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"expected strings, got {type(value).__name__}")
+
+
+@dataclass
+class Core:
+    """Everything one worker process serves. Methods raise ServingError and are safe to call from any thread."""
+    repository: Repository
+    batcher: Batcher
+    metrics: Metrics
+    options: ServerOptions = field(default_factory=ServerOptions)
+    shutting_down: bool = False
+
+    # --- inference ---------------------------------------------------------------------------------------------
+
+    def predict(self, model: str, inputs: dict[str, np.ndarray], version: int | None = None,
+                label: str | None = None, signature_name: str = "", output_filter: list[str] | None = None,
+                deadline: float | None = None, entrypoint: str = "REST", api: str = "predict") -> PredictResult:
+        """Run a signature on batched inputs through the dynamic batcher."""
+        started = time.monotonic()
+        status = "OK"
+        try:
+            with self.repository.serving(model, version, label) as servable:
+                key, info = servable.signature(signature_name)
+                arrays, batched = self._validate(info, inputs)
+                if output_filter:
+                    unknown = sorted(set(output_filter) - set(info.outputs))
+                    if unknown:
+                        raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
+                run = self._runner(servable, key, api)
+                if batched:
+                    size = next(iter(arrays.values())).shape[0]
+                    outputs = self.batcher.run((model, servable.version, key), model, run, arrays, size, deadline)
+                else:
+                    outputs = run(arrays)
+                if output_filter:
+                    outputs = {k: outputs[k] for k in output_filter}
+                return PredictResult(model, servable.version, key, outputs)
+        except ServingError as error:
+            status = error.code
+            raise
+        finally:
+            self.metrics.request_count.inc(model_name=model, status=status)
+            self.metrics.request_latency.observe((time.monotonic() - started) * 1e6, model_name=model, API=api,
+                                                 entrypoint=entrypoint)
+
+    def classify_images(self, model: str, images_bytes: list[bytes], version: int | None = None,
+                        label: str | None = None, signature_name: str = "", top_k: int = 5,
+                        deadline: float | None = None,
+                        entrypoint: str = "REST") -> tuple[int, list[list[tuple[str, float]]]]:
+        """Top-k (label, score) per image, for image models (an `image_bytes` input, `probabilities` output)."""
+        with self.repository.serving(model, version, label) as servable:
+            _, info = servable.signature(signature_name)
+            if IMAGE_INPUT not in info.inputs or PROBABILITIES_OUTPUT not in info.outputs:
+                raise invalid(f"Signature {signature_name or DEFAULT_SIGNATURE!r} of model {model} is not an image "
+                              f"classifier (needs input {IMAGE_INPUT!r} and output {PROBABILITIES_OUTPUT!r})")
+            result = self.predict(model, {IMAGE_INPUT: np.array(images_bytes, dtype=object)},
+                                  version=servable.version, signature_name=signature_name,
+                                  output_filter=[PROBABILITIES_OUTPUT], deadline=deadline, entrypoint=entrypoint,
+                                  api="classify")
+            return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], servable.labels, top_k)
+
+    def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool]:
+        missing = sorted(set(info.inputs) - set(inputs))
+        extra = sorted(set(inputs) - set(info.inputs))
+        if missing or extra:
+            raise invalid(f"Input names must be {sorted(info.inputs)}; missing {missing}, unexpected {extra}")
+        arrays = {name: coerce(name, inputs[name], info.inputs[name]) for name in info.inputs}
+        for name, array in arrays.items():
+            if info.inputs[name].dtype == "DT_STRING":
+                images.check_pixels(array, self.options.max_image_pixels)
+        batched = all(t.shape and t.shape[0] == -1 for t in info.inputs.values()) and bool(arrays)
+        if batched and len({a.shape[0] for a in arrays.values()}) > 1:
+            raise invalid("All inputs must have the same size in the first (batch) dimension, got "
+                          + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
+        return arrays, batched
+
+    def _runner(self, servable: Servable, signature_name: str, api: str):
+        def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            started = time.monotonic()
+            try:
+                return servable.run(signature_name, inputs)
+            finally:
+                self.metrics.runtime_latency.observe((time.monotonic() - started) * 1e6, model_name=servable.model,
+                                                     API=api, runtime="TF")
+        return run
+
+    # --- model management --------------------------------------------------------------------------------------
+
+    def status(self, model: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
+        return self.repository.status(model, version, label)
+
+    def signatures(self, model: str, version: int | None = None,
+                   label: str | None = None) -> tuple[int, dict[str, SignatureInfo]]:
+        with self.repository.serving(model, version, label) as servable:
+            return servable.version, servable.signatures
+
+    def labels(self, model: str, version: int | None = None, label: str | None = None) -> list[str]:
+        with self.repository.serving(model, version, label) as servable:
+            return list(servable.labels)
+
+    def ready(self) -> bool:
+        return not self.shutting_down and self.repository.ready()
+
+    def model_ready(self, model: str, version: int | None = None) -> bool:
+        return not self.shutting_down and self.repository.model_ready(model, version)
+
+    def model_names(self) -> list[str]:
+        return self.repository.model_names()
+
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        if config.WhichOneof("config") != "model_config_list":
+            raise invalid("Only model_config_list is supported")
+        self.repository.reload_config(config)
+
+    def begin_shutdown(self) -> None:
+        """Readiness turns false so load balancers drain this worker; requests in flight still complete."""
+        self.shutting_down = True
+
+    def close(self) -> None:
+        self.repository.stop()
+        self.batcher.close()
+
+
+_current: Core | None = None
+
+
+def current() -> Core:
+    """This process's core (created by `create_core` in the gunicorn worker)."""
+    if _current is None:
+        raise RuntimeError("no serving core in this process; call create_core first")
+    return _current
+
+
+def _configure_tensorflow(options: ServerOptions) -> None:
+    """Split the cores between workers so that N workers do not each start a pool as large as the machine."""
+    intra = options.tensorflow_intra_op_parallelism or max(1, (os.cpu_count() or 1) // options.workers)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(options.tensorflow_inter_op_parallelism)
+    except RuntimeError:
+        logger.warning("TensorFlow was already initialised; thread settings unchanged")
+
+
+def create_core(options: ServerOptions) -> Core:
+    """Build this process's core and start loading its models in the background (readiness reports progress)."""
+    global _current
+    _configure_tensorflow(options)
+    metrics = Metrics()
+    batcher = Batcher(options.batching, metrics, enabled=options.enable_batching)
+    repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
+                            warmup=options.enable_model_warmup, on_unload=batcher.forget)
+    core = Core(repository=repository, batcher=batcher, metrics=metrics, options=options)
+    repository.start()
+    if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+        threading.Thread(target=_watch_config, args=(core, options), name="petal-config", daemon=True).start()
+    _current = core
+    return core
+
+
+def _watch_config(core: Core, options: ServerOptions) -> None:
+    """Re-read --model_config_file; a broken edit is logged and the running config kept."""
+    last = options.model_server_config().SerializeToString(deterministic=True)
+    while not core.shutting_down:
+        time.sleep(options.model_config_file_poll_wait_seconds)
+        try:
+            config = read_model_config(options.model_config_file)
+        except Exception as error:
+            logger.warning("model config file unreadable; keeping the current one",
+                           extra={"fields": {"path": options.model_config_file, "error": str(error)}})
+            continue
+        text = config.SerializeToString(deterministic=True)
+        if text != last:
+            core.reload_config(config)
+            logger.info("model config reloaded", extra={"fields": {"models": core.model_names()}})
+        last = text

@@ -1,0 +1,278 @@
+"""TF Serving's gRPC API (PredictionService, ModelService) and grpc.health.v1 over a worker's Core.
+
+Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
+Core (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
+with the workers exactly like REST does and no process ever holds a second copy of a model.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent import futures
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from google.protobuf import wrappers_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tensorflow.core.framework import tensor_shape_pb2, types_pb2
+from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
+from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
+                                     model_management_pb2, model_pb2, predict_pb2, prediction_service_pb2_grpc,
+                                     model_service_pb2_grpc)
+
+from serving.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+# Enough threads that requests can wait in the batcher together; a batch can only form from requests that
+# are already being handled concurrently.
+RPC_THREADS = 64
+REGRESS_METHOD = "tensorflow/serving/regress"
+HEALTH_WATCH_PERIOD_S = 0.2
+ALL_CLASSES = 1 << 30
+DEFAULT_SIGNATURE = "serving_default"
+
+
+def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """Parse tensorflow_model_server's --grpc_channel_arguments ("k=v,k=v"); integers stay integers."""
+    options: list[tuple[str, int | str]] = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--grpc_channel_arguments: expected key=value, got {item!r}")
+        value = value.strip()
+        options.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
+    return options
+
+
+def to_ndarray(proto: Any) -> np.ndarray:
+    """TensorProto -> numpy; strings come back as an object array of bytes, as Core.predict expects."""
+    try:
+        return tf.make_ndarray(proto)
+    except Exception as exc:  # a malformed tensor is the caller's fault, never a 500
+        raise ServingError("INVALID_ARGUMENT", f"Malformed TensorProto: {exc}") from exc
+
+
+def to_tensor_proto(array: np.ndarray) -> Any:
+    return tf.make_tensor_proto(array)
+
+
+def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
+    """The version/label selection of a ModelSpec as Core keyword arguments."""
+    if not spec.name:
+        raise ServingError("INVALID_ARGUMENT", "Missing ModelSpec.name")
+    return {"model": spec.name,
+            "version": spec.version.value if spec.HasField("version") else None,
+            "label": spec.version_label or None}
+
+
+def deadline_of(context: grpc.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def resolved_spec(name: str, version: int, signature_name: str) -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(name=name, version=wrappers_pb2.Int64Value(value=version),
+                               signature_name=signature_name)
+
+
+def signature_def(info: Any) -> meta_graph_pb2.SignatureDef:
+    """Core's SignatureInfo as the SignatureDef proto that GetModelMetadata returns."""
+    def tensor_info(t: Any) -> meta_graph_pb2.TensorInfo:
+        shape = (tensor_shape_pb2.TensorShapeProto(unknown_rank=True) if t.shape is None else
+                 tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d)
+                                                        for d in t.shape]))
+        return meta_graph_pb2.TensorInfo(name=t.name, dtype=types_pb2.DataType.Value(t.dtype), tensor_shape=shape)
+
+    return meta_graph_pb2.SignatureDef(inputs={k: tensor_info(v) for k, v in info.inputs.items()},
+                                       outputs={k: tensor_info(v) for k, v in info.outputs.items()},
+                                       method_name=info.method_name)
+
+
+def example_images(request_input: Any) -> list[bytes]:
+    """The image bytes of each tf.Example in a Classify request (feature `image_bytes`, or the only bytes one)."""
+    kind = request_input.WhichOneof("kind")
+    if kind is None:
+        raise ServingError("INVALID_ARGUMENT", "Input is empty")
+    examples = (request_input.example_list.examples if kind == "example_list"
+                else request_input.example_list_with_context.examples)
+    if not examples:
+        raise ServingError("INVALID_ARGUMENT", "Input is empty")
+    images = []
+    for i, example in enumerate(examples):
+        features = {k: f.bytes_list.value for k, f in example.features.feature.items()
+                    if f.WhichOneof("kind") == "bytes_list" and len(f.bytes_list.value) == 1}
+        value = features.get("image_bytes") or (next(iter(features.values())) if len(features) == 1 else None)
+        if value is None:
+            raise ServingError("INVALID_ARGUMENT",
+                               f"Example {i} needs one bytes feature 'image_bytes' holding the encoded image")
+        images.append(value[0])
+    return images
+
+
+def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line."""
+    def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except ServingError as err:
+            context.abort(grpc.StatusCode.__members__.get(err.code, grpc.StatusCode.UNKNOWN), err.message)
+        except Exception as exc:
+            log.exception("gRPC handler failed", extra={"fields": {"method": method.__name__}})
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    handler.__name__ = method.__name__
+    handler.__doc__ = method.__doc__
+    return handler
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    @rpc
+    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
+        inputs = {name: to_ndarray(proto) for name, proto in request.inputs.items()}
+        result = self.core.predict(inputs=inputs, signature_name=request.model_spec.signature_name,
+                                   output_filter=list(request.output_filter) or None,
+                                   deadline=deadline_of(context), entrypoint="GRPC",
+                                   **model_spec_fields(request.model_spec))
+        response = predict_pb2.PredictResponse(
+            model_spec=resolved_spec(result.model, result.version, result.signature_name))
+        for name, array in result.outputs.items():
+            response.outputs[name].CopyFrom(to_tensor_proto(array))
+        return response
+
+    @rpc
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
+        """Served from the image signature: each example's image_bytes -> every class, best first."""
+        spec = model_spec_fields(request.model_spec)
+        version, rows = self.core.classify_images(
+            spec["model"], example_images(request.input), version=spec["version"], label=spec["label"],
+            signature_name=request.model_spec.signature_name, top_k=ALL_CLASSES, deadline=deadline_of(context),
+            entrypoint="GRPC")
+        response = classification_pb2.ClassificationResponse(
+            model_spec=resolved_spec(spec["model"], version, request.model_spec.signature_name or DEFAULT_SIGNATURE))
+        for row in rows:
+            response.result.classifications.add().classes.extend(
+                classification_pb2.Class(label=label, score=score) for label, score in row)
+        return response
+
+    @rpc
+    def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.unimplemented(request.model_spec, REGRESS_METHOD, "Regress")
+
+    @rpc
+    def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
+        for task in request.tasks:
+            self.unimplemented(task.model_spec, task.method_name or "MultiInference", "MultiInference")
+        raise ServingError("INVALID_ARGUMENT", "MultiInference request has no tasks")
+
+    def unimplemented(self, spec: model_pb2.ModelSpec, method_name: str, rpc_name: str) -> None:
+        """Petal models expose predict signatures only; say so (after NOT_FOUND checks) rather than guess."""
+        fields = model_spec_fields(spec)
+        version, signatures = self.core.signatures(fields["model"], fields["version"], fields["label"])
+        have = ", ".join(f"{n} ({s.method_name})" for n, s in sorted(signatures.items()))
+        raise ServingError("UNIMPLEMENTED",
+                           f"{rpc_name} needs a {method_name} signature; model {fields['model']} version "
+                           f"{version} has only: {have}. Use Predict (or Classify for image_bytes examples).")
+
+    @rpc
+    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
+                         context: grpc.ServicerContext) -> Any:
+        fields = list(request.metadata_field)
+        if fields != ["signature_def"]:
+            raise ServingError("INVALID_ARGUMENT",
+                               f"Metadata field(s) {fields or '[]'} not supported; only 'signature_def' is")
+        spec = model_spec_fields(request.model_spec)
+        version, signatures = self.core.signatures(spec["model"], spec["version"], spec["label"])
+        sig_map = get_model_metadata_pb2.SignatureDefMap(
+            signature_def={name: signature_def(info) for name, info in signatures.items()})
+        response = get_model_metadata_pb2.GetModelMetadataResponse(
+            model_spec=resolved_spec(spec["model"], version, request.model_spec.signature_name))
+        response.metadata["signature_def"].Pack(sig_map)
+        return response
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    @rpc
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,
+                       context: grpc.ServicerContext) -> Any:
+        spec = model_spec_fields(request.model_spec)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for status in self.core.status(spec["model"], spec["version"], spec["label"]):
+            entry = response.model_version_status.add(
+                version=status.version, state=get_model_status_pb2.ModelVersionStatus.State.Value(status.state))
+            entry.status.error_code = error_codes_pb2.Code.Value(status.error_code or "OK")
+            entry.status.error_message = status.error_message
+        return response
+
+    @rpc
+    def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,
+                                  context: grpc.ServicerContext) -> Any:
+        self.core.reload_config(request.config)
+        return model_management_pb2.ReloadConfigResponse()
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 read live from the Core, so it turns NOT_SERVING the moment shutdown begins.
+
+    Service "" is the whole server; a model name is that model. Watch streams end after reporting
+    NOT_SERVING for a shutdown, so that they do not keep the worker alive through its grace period.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    def serving_status(self, service: str) -> int | None:
+        if not service:
+            ready = self.core.ready()
+        elif service in self.core.model_names():
+            ready = self.core.model_ready(service)
+        else:
+            return None
+        return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+        status = self.serving_status(request.service)
+        if status is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown service: {request.service}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        last = None
+        while context.is_active():
+            status = self.serving_status(request.service)
+            status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            if self.core.shutting_down:
+                return  # NOT_SERVING was sent; an open stream must not hold the graceful shutdown up
+            time.sleep(HEALTH_WATCH_PERIOD_S)
+
+
+def start(core: Any, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
+    """Start the gRPC server on 0.0.0.0:port (shared with sibling workers through SO_REUSEPORT)."""
+    options = [("grpc.so_reuseport", 1),
+               ("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes)]
+    options += parse_channel_arguments(channel_arguments)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="grpc"),
+                         options=options)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
+    try:
+        bound = server.add_insecure_port(f"0.0.0.0:{port}")
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind gRPC port {port}: {exc}") from exc
+    if not bound:
+        raise OSError(f"cannot bind gRPC port {port}")
+    server.start()
+    log.info("gRPC server started", extra={"fields": {"port": port, "max_message_bytes": max_message_bytes}})
+    return server

@@ -1,0 +1,305 @@
+"""KServe V2 / Open Inference Protocol over REST (SPEC §6), with Triton's binary-data and classification
+extensions, on the same Flask app and Core as the TF Serving REST API.
+
+A V2 "model" is a Core model's serving signature (serving_default unless the request's
+`parameters.signature_name` names another); V2 input and output names are the signature's tensor names.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import json
+import struct
+import zlib
+from typing import Any
+
+import flask
+import numpy as np
+
+from serving.errors import ServingError, http_status
+
+PLATFORM = "tensorflow_savedmodel"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+DEFAULT_SIGNATURE = "serving_default"
+
+# TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
+DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
+             "DT_UINT64": "UINT64", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
+             "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
+             "DT_STRING": "BYTES"}
+NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+               "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+               "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+
+
+class BadRequest(ServingError):
+    def __init__(self, message: str) -> None:
+        super().__init__("INVALID_ARGUMENT", message)
+
+
+def error_response(err: ServingError) -> flask.Response:
+    return flask.Response(json.dumps({"error": err.message}), status=http_status(err.code),
+                          mimetype="application/json")
+
+
+def version_arg(version: str | None) -> int | None:
+    if version is None:
+        return None
+    if not version.isdigit():
+        raise BadRequest(f"Model version must be an integer, got {version!r}")
+    return int(version)
+
+
+# ---- request decoding -------------------------------------------------------------------------------------
+
+def request_body() -> bytes:
+    body = flask.request.get_data(cache=False)
+    encoding = flask.request.headers.get("Content-Encoding", "").lower()
+    try:
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise BadRequest(f"Cannot decompress {encoding} request body: {exc}") from exc
+    return body
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """Separate the JSON header from the binary tail (Triton binary-data extension)."""
+    if header_length is None:
+        header, tail = body, b""
+    else:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise BadRequest(f"{HEADER_LENGTH} {header_length!r} does not fit a {len(body)}-byte body")
+        header, tail = body[:int(header_length)], body[int(header_length):]
+    if not header.strip():
+        raise BadRequest("JSON Parse error: The document is empty")
+    try:
+        request = json.loads(header)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"JSON Parse error: {exc}") from exc
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
+        raise BadRequest("Inference request needs a non-empty 'inputs' list")
+    return request, tail
+
+
+def decode_length_prefixed(raw: bytes, name: str) -> list[bytes]:
+    """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes."""
+    items, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise BadRequest(f"Input {name!r}: truncated BYTES element length")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise BadRequest(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
+        items.append(raw[offset:offset + size])
+        offset += size
+    return items
+
+
+def flatten(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        return [x for item in data for x in flatten(item)]
+    return [data]
+
+
+def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default: bool) -> tuple[np.ndarray, int]:
+    """One V2 input as a numpy array; returns the new offset into the binary tail."""
+    name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+    if not isinstance(name, str) or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0
+                                                                          for d in shape):
+        raise BadRequest(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
+    if datatype != "BYTES" and datatype not in NUMPY_TYPES:
+        raise BadRequest(f"Input {name!r}: unsupported datatype {datatype!r}")
+    parameters = spec.get("parameters") or {}
+    count = int(np.prod(shape)) if shape else 1
+    if "binary_data_size" in parameters:
+        size = parameters["binary_data_size"]
+        if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+            raise BadRequest(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
+        raw, offset = tail[offset:offset + size], offset + size
+        if datatype == "BYTES":
+            values: Any = np.array(decode_length_prefixed(raw, name), dtype=object)
+        else:
+            dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
+            if len(raw) != count * dtype.itemsize:
+                raise BadRequest(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
+            values = np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype])
+    elif "data" in spec:
+        flat = flatten(spec["data"])
+        if datatype == "BYTES":
+            is_base64 = parameters.get("content_type", "base64" if base64_default else "") == "base64"
+            values = np.array([decode_string(v, name, is_base64) for v in flat], dtype=object)
+        else:
+            try:
+                values = np.array(flat, dtype=NUMPY_TYPES[datatype])
+            except (TypeError, ValueError) as exc:
+                raise BadRequest(f"Input {name!r}: data is not {datatype}: {exc}") from exc
+    else:
+        raise BadRequest(f"Input {name!r} has neither 'data' nor parameters.binary_data_size")
+    if values.size != count:
+        raise BadRequest(f"Input {name!r}: {values.size} elements do not match shape {shape}")
+    return values.reshape(shape), offset
+
+
+def decode_string(value: Any, name: str, is_base64: bool) -> bytes:
+    if not isinstance(value, str):
+        raise BadRequest(f"Input {name!r}: BYTES data must be strings")
+    if not is_base64:
+        return value.encode("utf-8")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequest(f"Input {name!r}: invalid base64 data: {exc}") from exc
+
+
+# ---- response encoding ------------------------------------------------------------------------------------
+
+def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+    """Triton's classification extension: per row the top `count` as "score:index[:label]" strings."""
+    rows = scores.reshape(scores.shape[0], -1) if scores.ndim > 1 else scores.reshape(1, -1)
+    out = []
+    for row in rows:
+        top = np.argsort(-row, kind="stable")[:count]
+        out.append([(f"{row[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "")).encode() for i in top])
+    return np.array(out, dtype=object).reshape(*scores.shape[:-1], min(count, rows.shape[1]))
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype == object or array.dtype.kind in "SU":
+        return "BYTES"
+    for name, dtype in NUMPY_TYPES.items():
+        if array.dtype == dtype:
+            return name
+    raise ServingError("INTERNAL", f"Output dtype {array.dtype} has no V2 datatype")
+
+
+def json_data(array: np.ndarray) -> tuple[list[Any], dict[str, Any]]:
+    """Flattened JSON data; BYTES that are not UTF-8 go as base64 and say so."""
+    if datatype_of(array) != "BYTES":
+        return array.reshape(-1).tolist(), {}
+    items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+    try:
+        return [v.decode("utf-8") for v in items], {}
+    except UnicodeDecodeError:
+        return [base64.b64encode(v).decode("ascii") for v in items], {"content_type": "base64"}
+
+
+def binary_data(array: np.ndarray) -> bytes:
+    if datatype_of(array) != "BYTES":
+        return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+    items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+    return b"".join(struct.pack("<I", len(v)) + v for v in items)
+
+
+def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], np.ndarray, bool]]) -> flask.Response:
+    outputs, tail = [], []
+    for entry, array, binary in arrays:
+        entry.update(datatype=datatype_of(array), shape=list(array.shape))
+        if binary:
+            raw = binary_data(array)
+            entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
+            tail.append(raw)
+        else:
+            entry["data"], extra = json_data(array)
+            if extra:
+                entry.setdefault("parameters", {}).update(extra)
+        outputs.append(entry)
+    body = json.dumps({**header, "outputs": outputs}).encode()
+    if not tail:
+        return flask.Response(body, mimetype="application/json")
+    response = flask.Response(body + b"".join(tail), mimetype="application/octet-stream")
+    response.headers[HEADER_LENGTH] = str(len(body))
+    return response
+
+
+# ---- routes -----------------------------------------------------------------------------------------------
+
+def create_blueprint(core: Any) -> flask.Blueprint:
+    """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status."""
+    bp = flask.Blueprint("kserve_v2", __name__)
+
+    @bp.errorhandler(ServingError)
+    def serving_error(err: ServingError) -> flask.Response:
+        return error_response(err)
+
+    def ensure_known(model: str) -> None:
+        if model not in core.model_names():
+            raise ServingError("NOT_FOUND", f"Servable not found for request: Latest({model})")
+
+    def probe(ok: bool) -> flask.Response:
+        return flask.Response(status=200 if ok else 503)
+
+    @bp.get("/v2")
+    def server_metadata() -> Any:
+        return {"name": "petal", "version": "1", "extensions": ["binary_tensor_data", "classification"]}
+
+    @bp.get("/v2/health/live")
+    def live() -> flask.Response:
+        return probe(True)
+
+    @bp.get("/v2/health/ready")
+    def ready() -> flask.Response:
+        return probe(core.ready())
+
+    @bp.get("/v2/models/<model>/ready")
+    @bp.get("/v2/models/<model>/versions/<version>/ready")
+    def model_ready(model: str, version: str | None = None) -> flask.Response:
+        ensure_known(model)
+        return probe(core.model_ready(model, version_arg(version)))
+
+    @bp.get("/v2/models/<model>")
+    @bp.get("/v2/models/<model>/versions/<version>")
+    def metadata(model: str, version: str | None = None) -> Any:
+        resolved, signatures = core.signatures(model, version_arg(version))
+        signature = signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
+
+        def tensors(infos: dict[str, Any]) -> list[dict[str, Any]]:
+            return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype),
+                     "shape": [-1] if t.shape is None else list(t.shape)} for name, t in infos.items()]
+
+        versions = [str(s.version) for s in core.status(model) if s.state == "AVAILABLE"]
+        return {"name": model, "versions": versions if version is None else [str(resolved)],
+                "platform": PLATFORM, "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs)}
+
+    @bp.post("/v2/models/<model>/infer")
+    @bp.post("/v2/models/<model>/versions/<version>/infer")
+    def infer(model: str, version: str | None = None) -> flask.Response:
+        request, tail = split_body(request_body(), flask.request.headers.get(HEADER_LENGTH))
+        parameters = request.get("parameters") or {}
+        base64_default = parameters.get("content_type") == "base64"
+        inputs, offset = {}, 0
+        for spec in request["inputs"]:
+            if not isinstance(spec, dict):
+                raise BadRequest("Each input must be an object")
+            inputs[spec.get("name")], offset = decode_input(spec, tail, offset, base64_default)
+        requested = request.get("outputs") or []
+        if not isinstance(requested, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                                      for o in requested):
+            raise BadRequest("'outputs' must be a list of objects with a 'name'")
+        result = core.predict(model=model, inputs=inputs, version=version_arg(version),
+                              signature_name=parameters.get("signature_name", ""),
+                              output_filter=[o["name"] for o in requested] or None, entrypoint="REST")
+        all_binary = bool(parameters.get("binary_data_output", False))
+        arrays = []
+        for out in requested or [{"name": name} for name in result.outputs]:
+            out_params = out.get("parameters") or {}
+            if out["name"] not in result.outputs:
+                raise BadRequest(f"Output {out['name']!r} is not an output of the signature")
+            array = result.outputs[out["name"]]
+            count = out_params.get("classification", 0)
+            if count:
+                if not isinstance(count, int) or count < 0 or datatype_of(array) == "BYTES":
+                    raise BadRequest(f"Output {out['name']!r}: classification needs a positive integer on a "
+                                     "numeric output")
+                array = classification(array, count, core.labels(result.model, result.version))
+            arrays.append(({"name": out["name"]}, array, bool(out_params.get("binary_data", all_binary))))
+        header = {"model_name": result.model, "model_version": str(result.version)}
+        if "id" in request:
+            header["id"] = request["id"]
+        return encode_response(header, arrays)
+
+    return bp

@@ -1,0 +1,132 @@
+"""`petal predict IMAGE...`: classify images with a server (REST or gRPC) or, without --server, in-process
+with the exported SavedModel, and print a top-k table.
+
+In-process runs the same `serving_default` signature the server runs, so both paths give the same answer;
+it is the quickest check that an export works before anything is deployed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from serving.client import Client, PetalError, Prediction, RequestError, from_pairs
+from serving.images import top_k as top_k_pairs
+
+DEFAULT_MODEL_BASE_PATH = "exported_models/flowers"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="petal predict", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, ...)")
+    parser.add_argument("--server", help="host:port of a server (REST port, or gRPC port with --grpc); "
+                                         "without it the model runs in-process")
+    parser.add_argument("--grpc", action="store_true", help="talk gRPC (TF Serving's Classify) to --server")
+    parser.add_argument("--model", default="flowers", help="model name on the server")
+    parser.add_argument("--model_version", type=int, help="model version on the server (default: latest)")
+    parser.add_argument("--model_base_path", default=DEFAULT_MODEL_BASE_PATH,
+                        help="in-process: a SavedModel version directory, or a base path (latest version)")
+    parser.add_argument("--top_k", type=int, default=3, help="classes to show per image")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request, retries included")
+    parser.add_argument("--format", choices=["table", "json"], default="table",
+                        help="a table, or one JSON object per image")
+    args = parser.parse_args(argv)
+    if args.top_k < 1:
+        parser.error("--top_k must be at least 1")
+    if args.grpc and not args.server:
+        parser.error("--grpc needs --server")
+    return args
+
+
+def latest_version_dir(path: str) -> str:
+    """A version directory as is; a base path resolves to its highest integer version."""
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = [int(d) for d in (os.listdir(path) if os.path.isdir(path) else []) if d.isdigit()
+                and os.path.exists(os.path.join(path, d, "saved_model.pb"))]
+    if not versions:
+        raise FileNotFoundError(f"no SavedModel under {path!r}; train and export one, or pass --server")
+    return os.path.join(path, str(max(versions)))
+
+
+def op_error_message(message: str) -> str:
+    """The line of a TF graph error that says what was wrong, without node names and stack noise."""
+    noise = ("Graph execution error", "Detected at node", "<stack traces", "\t", " ")
+    lines = [line for line in message.splitlines() if line.strip() and not line.startswith(noise)]
+    return lines[-1] if lines else message
+
+
+def predict_in_process(images: Sequence[bytes], model_dir: str, top_k: int) -> list[Prediction | str]:
+    """Each image through the SavedModel's serving_default; an undecodable image gives its error message."""
+    import tensorflow as tf
+
+    path = latest_version_dir(model_dir)
+    with open(os.path.join(path, "assets", "labels.txt")) as f:
+        labels = [line.strip() for line in f if line.strip()]
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    results: list[Prediction | str] = []
+    for image in images:
+        try:
+            probabilities = signature(image_bytes=tf.constant([image]))["probabilities"].numpy()[0]
+        except tf.errors.InvalidArgumentError as err:
+            results.append(f"INVALID_ARGUMENT: {op_error_message(err.message)}")
+            continue
+        results.append(from_pairs(top_k_pairs(probabilities[None], labels, top_k)[0], top_k))
+    return results
+
+
+def predict_remote(images: Sequence[bytes], args: argparse.Namespace) -> list[Prediction | str]:
+    """One request for all images; if the server refuses it, ask per image so each error names its image."""
+    with Client(args.server, use_grpc=args.grpc, model=args.model, version=args.model_version,
+                timeout=args.timeout) as client:
+        try:
+            return list(client.predict(images, top_k=args.top_k))
+        except RequestError as batch_error:
+            if len(images) == 1:
+                return [str(batch_error)]
+        results: list[Prediction | str] = []
+        for image in images:
+            try:
+                results.extend(client.predict([image], top_k=args.top_k))
+            except RequestError as err:
+                results.append(str(err))
+        return results
+
+
+def render(paths: Sequence[str], results: Sequence[Prediction | str], fmt: str) -> str:
+    if fmt == "json":
+        return "\n".join(json.dumps({"image": path, "error": result} if isinstance(result, str) else
+                                    {"image": path, "predictions": [{"label": label, "score": score}
+                                                                    for label, score in result.top_k]})
+                         for path, result in zip(paths, results))
+    rows = [("IMAGE", "RANK", "LABEL", "SCORE")]
+    for path, result in zip(paths, results):
+        if isinstance(result, str):
+            rows.append((path, "-", "error", result))
+        else:
+            rows += [(path, str(rank), label, f"{score:.4f}") for rank, (label, score) in enumerate(result.top_k, 1)]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip() for a, b, c, d in rows)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    images = []
+    for path in args.images:
+        try:
+            with open(path, "rb") as f:
+                images.append(f.read())
+        except OSError as err:
+            print(f"petal predict: cannot read {path}: {err.strerror}", file=sys.stderr)
+            return 2
+    try:
+        results = (predict_remote(images, args) if args.server else
+                   predict_in_process(images, args.model_base_path, args.top_k))
+    except (FileNotFoundError, PetalError) as err:
+        print(f"petal predict: {err}", file=sys.stderr)
+        return 1
+    print(render(args.images, results, args.format))
+    return 1 if any(isinstance(r, str) for r in results) else 0

@@ -1,0 +1,51 @@
+"""TF Serving's `BatchingParameters` and `MonitoringConfig` messages.
+
+The tensorflow-serving-api wheel ships neither (only apis/ and config/model_server_config), yet
+`--batching_parameters_file` and `--monitoring_config_file` are text protos of exactly these messages. So, when
+the wheel lacks them, they are declared here with TF Serving's package, names and field numbers, and text-format
+files written for tensorflow_model_server parse unchanged.
+"""
+from __future__ import annotations
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import wrappers_pb2  # noqa: F401  (registers google/protobuf/wrappers.proto in the pool)
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def _field(name: str, number: int, type_: int, type_name: str = "", repeated: bool = False) -> _F:
+    field = _F(name=name, number=number, type=type_, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+    if type_name:
+        field.type_name = type_name
+    return field
+
+
+def _declare() -> tuple[type, type]:
+    file = descriptor_pb2.FileDescriptorProto(name="petal/tensorflow_serving_config_extra.proto",
+                                              package="tensorflow.serving", syntax="proto3",
+                                              dependency=["google/protobuf/wrappers.proto"])
+    int64 = (_F.TYPE_MESSAGE, ".google.protobuf.Int64Value")
+    file.message_type.add(name="BatchingParameters", field=[
+        _field("max_batch_size", 1, *int64),
+        _field("batch_timeout_micros", 2, *int64),
+        _field("max_enqueued_batches", 3, *int64),
+        _field("num_batch_threads", 4, *int64),
+        _field("thread_pool_name", 5, _F.TYPE_MESSAGE, ".google.protobuf.StringValue"),
+        _field("allowed_batch_sizes", 6, _F.TYPE_INT64, repeated=True),
+        _field("pad_variable_length_inputs", 7, _F.TYPE_BOOL),
+    ])
+    file.message_type.add(name="PrometheusConfig", field=[
+        _field("enable", 1, _F.TYPE_BOOL), _field("path", 2, _F.TYPE_STRING)])
+    file.message_type.add(name="MonitoringConfig", field=[
+        _field("prometheus_config", 1, _F.TYPE_MESSAGE, ".tensorflow.serving.PrometheusConfig")])
+    pool = descriptor_pool.Default()
+    pool.Add(file)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.MonitoringConfig")))
+
+
+try:
+    from tensorflow_serving.config.monitoring_config_pb2 import MonitoringConfig
+    from tensorflow_serving.servables.tensorflow.session_bundle_config_pb2 import BatchingParameters
+except ImportError:
+    BatchingParameters, MonitoringConfig = _declare()

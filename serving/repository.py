@@ -1,0 +1,419 @@
+"""The model repository: version discovery, load-before-unload transitions, warmup and in-flight tracking (SPEC §3).
+
+A background thread polls every model's base path. New aspired versions are loaded and warmed while the old ones
+keep serving; only then are versions that are no longer aspired unloaded, after their in-flight requests finish.
+A version that fails to load is reported END with its error and is not retried, and the versions below it stay
+candidates, so a broken upload never takes a model down.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import prediction_log_pb2
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.errors import ServingError, invalid, not_found, unavailable
+from serving.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SIGNATURE = "serving_default"
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+MAX_WARMUP_RECORDS = 1000
+_INTERNAL_SIGNATURES = ("__saved_model_init_op",)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str  # e.g. "DT_STRING"
+    shape: list[int] | None  # -1 = any; None = unknown rank
+
+
+@dataclass
+class SignatureInfo:
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    method_name: str
+
+
+@dataclass
+class VersionStatus:
+    version: int
+    state: str  # START, LOADING, AVAILABLE, UNLOADING, END
+    error_code: str = "OK"
+    error_message: str = ""
+
+
+def _tensor_info(proto) -> TensorInfo:
+    shape = None if proto.tensor_shape.unknown_rank else [int(d.size) for d in proto.tensor_shape.dim]
+    return TensorInfo(name=proto.name, dtype=types_pb2.DataType.Name(proto.dtype), shape=shape)
+
+
+def read_signatures(path: str) -> dict[str, SignatureInfo]:
+    """Signature defs straight from saved_model.pb: the tensor names, dtypes and method names TF Serving reports."""
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    defs = saved_model.meta_graphs[0].signature_def
+    return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
+                               outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
+                               method_name=sig.method_name)
+            for key, sig in defs.items() if key not in _INTERNAL_SIGNATURES}
+
+
+def _status_error(error: tf.errors.OpError) -> ServingError:
+    name = {tf.errors.INVALID_ARGUMENT: "INVALID_ARGUMENT", tf.errors.OUT_OF_RANGE: "OUT_OF_RANGE",
+            tf.errors.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED", tf.errors.FAILED_PRECONDITION: "FAILED_PRECONDITION",
+            tf.errors.UNIMPLEMENTED: "UNIMPLEMENTED", tf.errors.NOT_FOUND: "NOT_FOUND",
+            tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED", tf.errors.CANCELLED: "CANCELLED",
+            tf.errors.UNAVAILABLE: "UNAVAILABLE"}.get(error.error_code, "INTERNAL")
+    return ServingError(name, error.message.strip().splitlines()[0] if error.message.strip() else str(error))
+
+
+class Servable:
+    """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish."""
+
+    def __init__(self, model: str, version: int, path: str):
+        self.model = model
+        self.version = version
+        self.path = path
+        self.signatures = read_signatures(path)
+        self._loaded = tf.saved_model.load(path)
+        self._fns = {key: self._loaded.signatures[key] for key in self.signatures if key in self._loaded.signatures}
+        self.labels = _read_labels(path)
+        self.refs = 0
+
+    def signature(self, name: str) -> tuple[str, SignatureInfo]:
+        key = name or DEFAULT_SIGNATURE
+        info = self.signatures.get(key)
+        if info is None or key not in self._fns:
+            raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
+        return key, info
+
+    def run(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Call one signature; TensorFlow's errors become ServingErrors with the same code."""
+        fn = self._fns[signature_name]
+        try:
+            outputs = fn(**{k: tf.constant(v) for k, v in inputs.items()})
+        except tf.errors.OpError as error:
+            raise _status_error(error) from None
+        except (TypeError, ValueError) as error:
+            raise invalid(str(error).splitlines()[0]) from None
+        return {k: v.numpy() for k, v in outputs.items()}
+
+    def warmup(self, metrics: Metrics) -> int:
+        """Replay assets.extra/tf_serving_warmup_requests (PredictLog records); a failure fails the load."""
+        path = os.path.join(self.path, WARMUP_FILE)
+        if not os.path.exists(path):
+            return 0
+        count = 0
+        for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS):
+            log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+            if log.WhichOneof("log_type") != "predict_log":
+                continue
+            request = log.predict_log.request
+            key, _ = self.signature(request.model_spec.signature_name)
+            self.run(key, {k: tf.make_ndarray(v) for k, v in request.inputs.items()})
+            count += 1
+        metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
+        return count
+
+
+def _read_labels(path: str) -> list[str]:
+    labels_path = os.path.join(path, "assets", "labels.txt")
+    if not os.path.exists(labels_path):
+        return []
+    with open(labels_path) as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+@dataclass
+class _Version:
+    status: VersionStatus
+    servable: Servable | None = None
+
+
+@dataclass
+class _Model:
+    config: model_server_config_pb2.ModelConfig
+    versions: dict[int, _Version] = field(default_factory=dict)
+
+
+def discover_versions(base_path: str) -> list[int]:
+    """Integer subdirectories that hold a saved_model.pb; others (and half-copied versions) are ignored."""
+    try:
+        names = os.listdir(base_path)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names
+                  if n.isdigit() and os.path.exists(os.path.join(base_path, n, "saved_model.pb")))
+
+
+def aspired_versions(policy, candidates: list[int]) -> set[int]:
+    """The versions a FileSystemStoragePathSourceConfig ServableVersionPolicy asks for."""
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return set(candidates)
+    if which == "specific":
+        return set(candidates) & set(policy.specific.versions)
+    count = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
+    return set(sorted(candidates)[-count:])
+
+
+def single_model_config(name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
+    config = model_server_config_pb2.ModelServerConfig()
+    model = config.model_config_list.config.add()
+    model.name, model.base_path, model.model_platform = name, base_path, "tensorflow"
+    return config
+
+
+class Repository:
+    """Every model a worker serves. All public methods are thread-safe; loading happens on one poll thread."""
+
+    def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
+                 poll_seconds: float = 1.0, warmup: bool = True, on_unload=None):
+        self._metrics = metrics
+        self._poll_seconds = poll_seconds
+        self._warmup = warmup
+        self._on_unload = on_unload
+        self._lock = threading.Condition()
+        self._models: dict[str, _Model] = {}
+        self._wake = threading.Event()
+        self._stopped = False
+        self._first_pass_done = False
+        self._thread: threading.Thread | None = None
+        self._set_config(config)
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="petal-repository", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        """Load the models listed, unload the ones left out (on the poll thread, after this returns)."""
+        for model in config.model_config_list.config:
+            if not model.name or not model.base_path:
+                raise invalid("Every model config needs a name and a base_path")
+        self._set_config(config)
+        self._wake.set()
+
+    def poll_now(self) -> None:
+        """One synchronous discovery-and-transition pass (the poll thread calls this on every tick)."""
+        with self._lock:
+            models = list(self._models.items())
+        for name, model in models:
+            self._reconcile(name, model)
+        self._drop_removed()
+        with self._lock:
+            self._first_pass_done = True
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            try:
+                self.poll_now()
+            except Exception:  # the poll thread must survive anything a file system throws at it
+                logger.exception("repository poll failed")
+            if self._poll_seconds > 0:
+                self._wake.wait(self._poll_seconds)
+            else:
+                self._wake.wait()
+            self._wake.clear()
+
+    def _set_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        with self._lock:
+            wanted = {m.name: m for m in config.model_config_list.config}
+            for name, model_config in wanted.items():
+                if name in self._models:
+                    self._models[name].config = model_config
+                else:
+                    self._models[name] = _Model(config=model_config)
+            for name, model in self._models.items():
+                if name not in wanted:
+                    model.config = None
+
+    # --- transitions -------------------------------------------------------------------------------------------
+
+    def _reconcile(self, name: str, model: _Model) -> None:
+        config = model.config
+        if config is None:
+            return
+        with self._lock:
+            failed = {v for v, entry in model.versions.items() if entry.status.error_code != "OK"}
+        candidates = [v for v in discover_versions(config.base_path) if v not in failed]
+        aspired = aspired_versions(config.model_version_policy, candidates)
+        for version in sorted(aspired, reverse=True):
+            with self._lock:
+                entry = model.versions.get(version)
+                if entry is not None and entry.status.state in ("LOADING", "AVAILABLE"):
+                    continue
+            self._load(name, model, version, os.path.join(config.base_path, str(version)))
+        with self._lock:
+            if not any(model.versions[v].status.state == "AVAILABLE" for v in aspired if v in model.versions):
+                return  # never unload the versions that are serving before a wanted one is AVAILABLE
+            retiring = [v for v, e in model.versions.items() if e.status.state == "AVAILABLE" and v not in aspired]
+        for version in retiring:
+            self._unload(name, model, version)
+
+    def _load(self, name: str, model: _Model, version: int, path: str) -> None:
+        entry = _Version(VersionStatus(version, "LOADING"))
+        with self._lock:
+            model.versions[version] = entry
+        started = time.monotonic()
+        try:
+            servable = Servable(name, version, path)
+            warmed = servable.warmup(self._metrics) if self._warmup else 0
+        except Exception as error:
+            message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
+            logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
+                                                                     "error": message}})
+            with self._lock:
+                entry.status = VersionStatus(version, "END", "UNKNOWN", f"Failed to load: {message}")
+            return
+        elapsed = time.monotonic() - started
+        self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)
+        self._metrics.loaded_versions.set(1, model_name=name, version=str(version))
+        with self._lock:
+            entry.servable = servable
+            entry.status = VersionStatus(version, "AVAILABLE")
+            self._lock.notify_all()
+        logger.info("version available", extra={"fields": {"model": name, "version": version,
+                                                         "load_seconds": round(elapsed, 3), "warmup": warmed}})
+
+    def _unload(self, name: str, model: _Model, version: int, drain_seconds: float = 300.0) -> None:
+        with self._lock:
+            entry = model.versions[version]
+            entry.status = VersionStatus(version, "UNLOADING")
+            servable = entry.servable
+            deadline = time.monotonic() + drain_seconds
+            while servable is not None and servable.refs > 0 and time.monotonic() < deadline:
+                self._lock.wait(0.1)
+            entry.servable = None
+            entry.status = VersionStatus(version, "END")
+        self._metrics.loaded_versions.remove(model_name=name, version=str(version))
+        if self._on_unload is not None:
+            self._on_unload(name, version)
+        logger.info("version unloaded", extra={"fields": {"model": name, "version": version}})
+
+    def _drop_removed(self) -> None:
+        with self._lock:
+            removed = [(n, m) for n, m in self._models.items() if m.config is None]
+        for name, model in removed:
+            for version, entry in list(model.versions.items()):
+                if entry.status.state == "AVAILABLE":
+                    self._unload(name, model, version)
+            with self._lock:
+                if model.config is None:
+                    self._models.pop(name, None)
+
+    # --- queries -----------------------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        with self._lock:
+            return sorted(n for n, m in self._models.items() if m.config is not None)
+
+    def ready(self) -> bool:
+        """Every configured model has an AVAILABLE (hence warmed) version."""
+        with self._lock:
+            return self._ready_locked()
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not self._ready_locked() and time.monotonic() < deadline:
+                self._lock.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        return self.ready()
+
+    def _ready_locked(self) -> bool:
+        """Like TF Serving, not ready until the first pass has loaded every version aspired at startup."""
+        if not self._first_pass_done:
+            return False
+        configured = [m for m in self._models.values() if m.config is not None]
+        return bool(configured) and all(
+            any(e.status.state == "AVAILABLE" for e in m.versions.values()) for m in configured)
+
+    def _model(self, name: str) -> _Model:
+        model = self._models.get(name)
+        if model is None or model.config is None:
+            raise not_found(f"Could not find any versions of model {name}")
+        return model
+
+    def resolve_version(self, name: str, version: int | None = None, label: str | None = None) -> int | None:
+        """The version a request names (by number or label); None means the latest AVAILABLE."""
+        if label is None:
+            return version
+        with self._lock:
+            labels = self._model(name).config.version_labels
+        if label not in labels:
+            raise invalid(f"Unrecognized servable version label: {label}")
+        return int(labels[label])
+
+    def status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
+        version = self.resolve_version(name, version, label)
+        with self._lock:
+            model = self._model(name)
+            if version is not None:
+                entry = model.versions.get(version)
+                if entry is None:
+                    raise not_found(f"Could not find version {version} of model {name}")
+                return [entry.status]
+            if not model.versions:
+                raise not_found(f"Could not find any versions of model {name}")
+            return [model.versions[v].status for v in sorted(model.versions, reverse=True)]
+
+    @contextmanager
+    def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Servable]:
+        """The servable a request runs on, held so an unload waits for the request to finish."""
+        version = self.resolve_version(name, version, label)
+        with self._lock:
+            servable = self._find(name, version)
+            servable.refs += 1
+        try:
+            yield servable
+        finally:
+            with self._lock:
+                servable.refs -= 1
+                if servable.refs == 0:
+                    self._lock.notify_all()
+
+    def _find(self, name: str, version: int | None) -> Servable:
+        model = self._models.get(name)
+        spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        if model is None or model.config is None:
+            raise not_found(f"Servable not found for request: {spec}")
+        available = {v: e.servable for v, e in model.versions.items() if e.status.state == "AVAILABLE"}
+        if version is None:
+            if available:
+                return available[max(available)]
+            if any(e.status.state == "LOADING" for e in model.versions.values()):
+                raise unavailable(f"Model {name} is loading; retry shortly")
+            raise not_found(f"Servable not found for request: {spec}")
+        if version in available:
+            return available[version]
+        raise not_found(f"Servable not found for request: {spec}")
+
+    def model_ready(self, name: str, version: int | None = None) -> bool:
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.config is None:
+                return False
+            if version is None:
+                return any(e.status.state == "AVAILABLE" for e in model.versions.values())
+            entry = model.versions.get(version)
+            return entry is not None and entry.status.state == "AVAILABLE"

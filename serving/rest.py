@@ -1,0 +1,337 @@
+"""TF Serving's REST API (SPEC §1) plus Petal's image, health and metrics endpoints, as a Flask app over the core.
+
+The /v1 paths are matched by one case-insensitive pattern, the way TF Serving's handler does, so that a
+malformed path or verb gets TF Serving's 400 "Malformed request" rather than a generic 404.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import time
+import zlib
+
+import flask
+import numpy as np
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from serving import kserve
+from serving.core import IMAGE_INPUT, Core
+from serving.errors import ServingError, http_status, invalid
+
+logger = logging.getLogger(__name__)
+
+_V1_PATH = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+    r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z_]+))?/?$", re.IGNORECASE)
+DEFAULT_TOP_K = 5
+RETRY_AFTER_SECONDS = "1"
+_JSON = "application/json"
+
+
+def _dumps(body: object) -> str:
+    return json.dumps(body, separators=(",", ":"))
+
+
+def error_response(status: int, message: str) -> flask.Response:
+    response = flask.Response(_dumps({"error": message}), status=status, mimetype=_JSON)
+    if status in (429, 503):
+        response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+    return response
+
+
+def json_response(body: object, status: int = 200) -> flask.Response:
+    return flask.Response(_dumps(body), status=status, mimetype=_JSON)
+
+
+# --- request bodies -------------------------------------------------------------------------------------------
+
+def request_body(max_bytes: int) -> bytes:
+    """The raw body, gunzipped when sent with Content-Encoding: gzip (bounded, so a gzip bomb gets 413 too)."""
+    data = flask.request.get_data(cache=True)
+    if flask.request.headers.get("Content-Encoding", "").lower() == "gzip":
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            data = inflater.decompress(data, max_bytes + 1)
+        except zlib.error as error:
+            raise invalid(f"Invalid gzip body: {error}") from None
+        if len(data) > max_bytes or inflater.unconsumed_tail:
+            raise RequestEntityTooLarge(f"The decompressed body exceeds --max_request_bytes ({max_bytes})")
+    return data
+
+
+def json_body(max_bytes: int) -> dict:
+    data = request_body(max_bytes)
+    if not data.strip():
+        raise invalid("JSON Parse error: The document is empty")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise invalid(f"JSON Parse error: {error}") from None
+    if not isinstance(body, dict):
+        raise invalid("JSON Value is not an object")
+    return body
+
+
+def _b64(value: dict) -> bytes:
+    text = value["b64"]
+    if not isinstance(text, str):
+        raise invalid("'b64' must be a string of standard base64")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid("Unable to base64 decode: the value is not standard (RFC 4648 §4) base64 with padding; "
+                      "URL-safe base64 is not accepted") from None
+
+
+def _is_b64(value: object) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and "b64" in value
+
+
+def decode_b64(value: object) -> object:
+    """Replace every {"b64": ...} in a JSON value by its bytes."""
+    if isinstance(value, list):
+        return [decode_b64(v) for v in value]
+    if _is_b64(value):
+        return _b64(value)
+    if isinstance(value, dict):
+        raise invalid("Objects are only allowed as {\"b64\": ...} inside a tensor value")
+    return value
+
+
+def _named(value: object) -> bool:
+    return isinstance(value, dict) and not _is_b64(value)
+
+
+def predict_inputs(body: dict, input_names: list[str]) -> tuple[dict[str, object], bool]:
+    """A predict request's tensors by input name, and whether it was in row ("instances") format."""
+    if ("instances" in body) == ("inputs" in body):
+        raise invalid("Exactly one of \"instances\" (row format) or \"inputs\" (columnar format) must be present")
+    if "instances" in body:
+        rows = body["instances"]
+        if not isinstance(rows, list) or not rows:
+            raise invalid("\"instances\" must be a non-empty list")
+        if all(_named(row) for row in rows):
+            keys = set(rows[0])
+            if any(set(row) != keys for row in rows):
+                raise invalid("Every instance must have the same input names")
+            return {k: decode_b64([row[k] for row in rows]) for k in keys}, True
+        if any(_named(row) for row in rows):
+            raise invalid("Instances must be all objects keyed by input name, or all plain values")
+        if len(input_names) != 1:
+            raise invalid(f"The signature has {len(input_names)} inputs {input_names}; each instance must be an "
+                          "object keyed by input name")
+        return {input_names[0]: decode_b64(rows)}, True
+    columns = body["inputs"]
+    if _named(columns):
+        return {k: decode_b64(v) for k, v in columns.items()}, False
+    if len(input_names) != 1:
+        raise invalid(f"The signature has {len(input_names)} inputs {input_names}; \"inputs\" must be an object "
+                      "keyed by input name")
+    return {input_names[0]: decode_b64(columns)}, False
+
+
+# --- responses ------------------------------------------------------------------------------------------------
+
+def _string_leaf(name: str):
+    as_b64 = name.endswith("_bytes")
+
+    def convert(value: bytes) -> object:
+        if not as_b64:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    return convert
+
+
+def to_json(name: str, array: np.ndarray) -> list | object:
+    """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes."""
+    if array.dtype != object:
+        return array.tolist()
+    convert = _string_leaf(name)
+
+    def walk(value):
+        return [walk(v) for v in value] if isinstance(value, list) else convert(value)
+    return walk(array.tolist())
+
+
+def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
+    columns = {name: to_json(name, array) for name, array in outputs.items()}
+    if not row_format:
+        return {"outputs": next(iter(columns.values())) if len(columns) == 1 else columns}
+    if len(columns) == 1:
+        return {"predictions": next(iter(columns.values()))}
+    names = list(columns)
+    return {"predictions": [dict(zip(names, row)) for row in zip(*columns.values())]}
+
+
+def status_response(statuses) -> dict:
+    return {"model_version_status": [
+        {"version": str(s.version), "state": s.state,
+         "status": {"error_code": s.error_code, "error_message": s.error_message}} for s in statuses]}
+
+
+def _tensor_info_json(info) -> dict:
+    shape = {"dim": [], "unknown_rank": True} if info.shape is None else \
+        {"dim": [{"size": str(d), "name": ""} for d in info.shape], "unknown_rank": False}
+    return {"dtype": info.dtype, "tensor_shape": shape, "name": info.name}
+
+
+def metadata_response(name: str, version: int, signatures) -> dict:
+    defs = {key: {"inputs": {k: _tensor_info_json(t) for k, t in sig.inputs.items()},
+                  "outputs": {k: _tensor_info_json(t) for k, t in sig.outputs.items()},
+                  "method_name": sig.method_name} for key, sig in signatures.items()}
+    return {"model_spec": {"name": name, "signature_name": "", "version": str(version)},
+            "metadata": {"signature_def": {"signature_def": defs}}}
+
+
+# --- the app --------------------------------------------------------------------------------------------------
+
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise invalid(f"Malformed request: version {text!r} is not an integer")
+    return int(text)
+
+
+def _top_k(default: int) -> int:
+    text = flask.request.args.get("top_k")
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise invalid(f"top_k must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def create_app(core: Core) -> flask.Flask:
+    """The WSGI app for one worker: TF Serving's /v1 API, KServe V2, health, metrics and classify_image."""
+    app = flask.Flask("petal")
+    options = core.options
+    app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
+    timeout = options.rest_api_timeout_in_ms / 1000.0
+
+    @app.errorhandler(ServingError)
+    def serving_error(error: ServingError) -> flask.Response:
+        return error_response(http_status(error.code), error.message)
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException) -> flask.Response:
+        if error.code == 404:
+            return error_response(404, f"Not found: {flask.request.method} {flask.request.path}")
+        return error_response(error.code or 500, error.description or error.name)
+
+    @app.errorhandler(Exception)
+    def internal_error(error: Exception) -> flask.Response:
+        logger.exception("unhandled error", extra={"fields": {"path": flask.request.path}})
+        return error_response(500, f"Internal error: {type(error).__name__}")
+
+    @app.get("/healthz")
+    def healthz() -> flask.Response:
+        return json_response({"status": "live"})
+
+    @app.get("/readyz")
+    def readyz() -> flask.Response:
+        if core.ready():
+            return json_response({"status": "ready", "models": core.model_names()})
+        waiting = [m for m in core.model_names() if not core.model_ready(m)]
+        reason = "shutting down" if core.shutting_down else f"models without an AVAILABLE version: {waiting}"
+        return error_response(503, f"Not ready: {reason}")
+
+    if options.metrics_path:
+        @app.get(options.metrics_path)
+        def metrics() -> flask.Response:
+            return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
+
+    @app.route("/v1/<path:_rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def v1(_rest: str) -> flask.Response:
+        request = flask.request
+        match = _V1_PATH.match(request.path)
+        verb = (match.group("verb") or "").lower() if match else ""
+        if match is None or (request.method == "GET") == bool(verb) or request.method not in ("GET", "POST") \
+                or (match.group("metadata") and request.method != "GET"):
+            raise invalid(f"Malformed request: {request.method} {request.path}")
+        name, label = match.group("name"), match.group("label")
+        version = _version(match.group("version"))
+        if request.method == "GET":
+            if match.group("metadata"):
+                resolved, signatures = core.signatures(name, version, label)
+                return json_response(metadata_response(name, resolved, signatures))
+            return json_response(status_response(core.status(name, version, label)))
+        deadline = time.monotonic() + timeout
+        if verb == "predict":
+            return _predict(name, version, label, deadline)
+        if verb == "classify":
+            return _classify(name, version, label, deadline)
+        if verb == "classify_image":
+            return _classify_image(name, version, label, deadline)
+        if verb == "regress":
+            return _regress(name, version, label)
+        raise invalid(f"Malformed request: {request.method} {request.path}")
+
+    def _predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        body = json_body(options.max_request_bytes)
+        signature_name = body.get("signature_name", "")
+        if not isinstance(signature_name, str):
+            raise invalid("\"signature_name\" must be a string")
+        resolved, signatures = core.signatures(name, version, label)
+        signature = signatures.get(signature_name or "serving_default")
+        if signature is None:
+            raise invalid(f"Serving signature name: \"{signature_name or 'serving_default'}\" not found in "
+                          "signature def")
+        inputs, row_format = predict_inputs(body, list(signature.inputs))
+        result = core.predict(name, inputs, version=resolved, signature_name=signature_name, deadline=deadline)
+        return json_response(predict_response(result.outputs, row_format))
+
+    def _classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        body = json_body(options.max_request_bytes)
+        examples, context = body.get("examples"), body.get("context") or {}
+        if not isinstance(examples, list) or not examples or not all(isinstance(e, dict) for e in examples) \
+                or not isinstance(context, dict):
+            raise invalid("\"examples\" must be a non-empty list of objects (and \"context\" an object)")
+        images = []
+        for example in examples:
+            value = {**context, **example}.get(IMAGE_INPUT)
+            if isinstance(value, list) and len(value) == 1:
+                value = value[0]
+            if not _is_b64(value):
+                raise invalid(f"Each example needs an {IMAGE_INPUT!r} feature holding {{\"b64\": ...}} image bytes")
+            images.append(_b64(value))
+        _, results = core.classify_images(name, images, version, label, body.get("signature_name", ""),
+                                          top_k=1 << 30, deadline=deadline)
+        return json_response({"results": [[[lbl, score] for lbl, score in row] for row in results]})
+
+    def _regress(name: str, version: int | None, label: str | None) -> flask.Response:
+        body = json_body(options.max_request_bytes)
+        key = body.get("signature_name") or "serving_default"
+        _, signatures = core.signatures(name, version, label)
+        if key not in signatures:
+            raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
+        raise invalid(f"Expected regression signature method_name to be tensorflow/serving/regress. Was: "
+                      f"{signatures[key].method_name}")
+
+    def _classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        request = flask.request
+        top_k = _top_k(DEFAULT_TOP_K)
+        if request.mimetype == "multipart/form-data":
+            upload = request.files.get("image")
+            if upload is None:
+                raise invalid("The multipart form has no field named 'image'")
+            data = upload.read()
+        elif request.mimetype.startswith("image/") or request.mimetype == "application/octet-stream":
+            data = request_body(options.max_request_bytes)
+        else:
+            raise invalid("Send the image as the body (Content-Type: image/*) or as the multipart form field "
+                          f"'image'; got Content-Type {request.mimetype or 'none'!r}")
+        if not data:
+            raise invalid("The image is empty")
+        resolved, results = core.classify_images(name, [data], version, label, top_k=top_k, deadline=deadline)
+        return json_response({"model": name, "version": resolved,
+                              "predictions": [{"label": lbl, "score": score} for lbl, score in results[0]]})
+
+    app.register_blueprint(kserve.create_blueprint(core))
+    return app

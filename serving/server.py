@@ -1,0 +1,106 @@
+"""`petal serve`: gunicorn (gthread workers) running the Flask app, with gRPC in the same worker processes.
+
+Each worker process is a complete server: it builds one Core (model repository + batcher), serves REST/KServe
+from gunicorn's request threads and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every
+protocol batches onto the same model copy. TensorFlow is only imported in the workers, after the fork.
+On SIGTERM a worker turns readiness false, stops accepting, lets requests in flight finish, then exits; the
+master gives it --graceful_timeout.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+
+from gunicorn.app.base import BaseApplication
+
+from serving.config import ServerOptions, parse_args
+
+logger = logging.getLogger(__name__)
+
+WORKER_HEARTBEAT_TIMEOUT_S = 120
+KEEPALIVE_S = 75
+
+
+def _post_worker_init(worker) -> None:
+    """Start gRPC next to the REST app and hook SIGTERM so readiness drops before the drain."""
+    from serving import core as core_module
+
+    core = core_module.current()
+    options: ServerOptions = core.options
+    grpc_server = None
+    if options.port:
+        from serving import grpc_server as grpc_module
+        grpc_server = grpc_module.start(core, options.port, options.grpc_max_message_bytes,
+                                        options.grpc_channel_arguments)
+    worker.petal_grpc = grpc_server
+    gunicorn_handler = worker.handle_exit
+
+    def on_sigterm(sig, frame) -> None:
+        core.begin_shutdown()
+        if grpc_server is not None:
+            grpc_server.stop(options.graceful_timeout)  # refuses new RPCs now, lets running ones finish
+        gunicorn_handler(sig, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    logger.info("worker ready to accept", extra={"fields": {"pid": os.getpid(), "grpc_port": options.port}})
+
+
+def _worker_exit(server, worker) -> None:
+    from serving import core as core_module
+
+    grpc_server = getattr(worker, "petal_grpc", None)
+    if grpc_server is not None:
+        grpc_server.stop(worker.cfg.graceful_timeout).wait(worker.cfg.graceful_timeout)
+    try:
+        core_module.current().close()
+    except RuntimeError:
+        pass
+
+
+class PetalApplication(BaseApplication):
+    """gunicorn configured from tensorflow_model_server-style flags instead of gunicorn's own."""
+
+    def __init__(self, options: ServerOptions):
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        o = self.options
+        settings = {
+            "bind": [f"{o.host}:{o.rest_api_port}"],
+            "workers": o.workers,
+            "worker_class": "gthread",
+            "threads": o.threads,
+            "graceful_timeout": max(1, math.ceil(o.graceful_timeout)),
+            "timeout": WORKER_HEARTBEAT_TIMEOUT_S,
+            "keepalive": KEEPALIVE_S,
+            "post_worker_init": _post_worker_init,
+            "worker_exit": _worker_exit,
+            "loglevel": "warning" if logging.getLogger().level > logging.INFO else "info",
+            "accesslog": None,
+            "proc_name": "petal-serve",
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from serving.core import create_core
+        from serving.rest import create_app
+
+        return create_app(create_core(self.options))
+
+
+def main(argv: list[str]) -> int:
+    options = parse_args(argv)
+    if not options.model_config_file and not os.path.isdir(options.model_base_path):
+        logger.warning("model base path does not exist yet; waiting for versions to appear",
+                       extra={"fields": {"model_base_path": options.model_base_path}})
+    PetalApplication(options).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Container smoke test: build the Dockerfile with buildah and serve real JPEGs from the image.
+#
+# There is no Docker engine or registry here, so the base image is made locally: debootstrap a minbase bookworm
+# rootfs from the Debian mirror apt already uses and import it as debian:bookworm-slim. Then `buildah bud` the
+# Dockerfile, run the image's own ENTRYPOINT with `buildah run` (podman run fails on rlimits in this sandbox),
+# wait for /readyz, run the image's HEALTHCHECK command, classify JPEGs and compare with the same SavedModel
+# loaded locally, check 4xx errors, then SIGTERM the server and expect a clean drain.
+#
+# Needs root. Installs buildah and debootstrap with apt when missing. Env knobs:
+#   PETAL_SMOKE_CONTEXT  build context (default: the repository root)
+#   PETAL_SMOKE_CACHE    where the debootstrap tarball is kept between runs (default: /var/cache/petal-smoke)
+#   PETAL_SMOKE_IMAGE    tag to build (default: localhost/petal:smoke)
+#   PYTHON               interpreter with Petal installed, for the checks (default: .venv/bin/python)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CONTEXT=${PETAL_SMOKE_CONTEXT:-$ROOT}
+CACHE=${PETAL_SMOKE_CACHE:-/var/cache/petal-smoke}
+IMAGE=${PETAL_SMOKE_IMAGE:-localhost/petal:smoke}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+BASE=docker.io/library/debian:bookworm-slim
+CHECK=(env PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=3 "$PYTHON" "$ROOT/tests/container/check.py")
+GRACEFUL_TIMEOUT=5
+STARTED=$(date +%s)
+WORK=$(mktemp -d)
+CONTAINER=""
+RUNNER=""
+SERVER=""
+
+log() { printf '[smoke %4ss] %s\n' "$(($(date +%s) - STARTED))" "$*" >&2; }
+
+cleanup() {
+    local status=$?
+    if [[ -n $SERVER ]] && kill -0 "$SERVER" 2>/dev/null; then kill -KILL "$SERVER" 2>/dev/null || true; fi
+    if [[ -n $RUNNER ]] && kill -0 "$RUNNER" 2>/dev/null; then kill -KILL "$RUNNER" 2>/dev/null || true; fi
+    if [[ -n $RUNNER ]]; then wait "$RUNNER" 2>/dev/null || true; fi
+    if [[ -n $CONTAINER ]]; then buildah rm "$CONTAINER" >/dev/null 2>&1 || true; fi
+    if ((status != 0)); then
+        for f in "$WORK"/*.log; do [[ -s $f ]] && { echo "--- last lines of $f" >&2; tail -n 40 "$f" >&2; }; done
+        log "FAILED"
+    fi
+    rm -rf "$WORK"
+    exit "$status"
+}
+trap cleanup EXIT
+
+install_tools() {
+    local missing=()
+    command -v buildah >/dev/null || missing+=(buildah)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]} with apt"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >"$WORK/apt.log"
+    fi
+}
+
+# The first Debian (not security) archive URL in apt's own sources, so debootstrap uses the reachable mirror.
+debian_mirror() {
+    local mirror
+    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | grep -E '^[[:space:]]*(deb|URIs:)[[:space:]]' | grep -oE 'https?://[^[:space:]]+' \
+        | grep -v -- '-security' | grep -E '/debian/?$' | head -n 1 || true)
+    echo "${mirror:-http://deb.debian.org/debian}"
+}
+
+# debian:bookworm-slim, made here: a minbase rootfs without apt lists, docs, man pages and locales.
+import_base_image() {
+    if buildah inspect --type image "$BASE" >/dev/null 2>&1; then
+        log "base image $BASE already in local storage"
+        return
+    fi
+    local tarball=$CACHE/bookworm-minbase.tar rootfs container
+    if [[ ! -s $tarball ]]; then
+        local mirror
+        mirror=$(debian_mirror)
+        log "debootstrap --variant=minbase bookworm from $mirror"
+        rootfs=$WORK/rootfs
+        debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1
+        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+            "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
+        mkdir -p "$CACHE"
+        tar --numeric-owner -C "$rootfs" -cf "$tarball.partial" .
+        mv "$tarball.partial" "$tarball"
+        rm -rf "$rootfs"
+    fi
+    log "importing $tarball as $BASE"
+    container=$(buildah from scratch)
+    buildah add --quiet "$container" "$tarball" / >/dev/null
+    buildah config --cmd '["bash"]' --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        "$container"
+    buildah commit --quiet --rm "$container" "$BASE" >/dev/null
+}
+
+# When the host's pip trusts an extra CA (PIP_CERT or pip.conf, as behind a TLS-inspecting proxy), lend that
+# trust to the build's RUN steps through bind mounts, which never reach the image's layers.
+pip_trust_volumes() {
+    local cert=${PIP_CERT:-}
+    [[ -n $cert ]] || cert=$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -n 1)
+    [[ -n $cert && -f $cert ]] || return 0
+    printf '[global]\ncert = /etc/petal-build-ca.crt\n' >"$WORK/pip.conf"
+    printf '%s\0' --volume "$cert:/etc/petal-build-ca.crt:ro" --volume "$WORK/pip.conf:/etc/pip.conf:ro"
+}
+
+build_image() {
+    local volumes=()
+    mapfile -d '' volumes < <(pip_trust_volumes)
+    log "buildah bud $CONTEXT -> $IMAGE (build steps follow, full log on failure)"
+    buildah bud --isolation chroot --format docker --layers --pull=never "${volumes[@]}" \
+        -f "$CONTEXT/Dockerfile" -t "$IMAGE" "$CONTEXT" 2>&1 \
+        | tee "$WORK/build.log" | grep --line-buffered -E '^(STEP [0-9]+/[0-9]+: (FROM|RUN|COPY))' >&2
+    log "built $IMAGE: $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
+}
+
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# The topmost process under buildah's runner that is the server itself; the entrypoint's exec makes it the shell.
+find_server() {
+    local deadline=$((SECONDS + 60)) pid
+    while ((SECONDS < deadline)); do
+        for pid in $(descendants "$RUNNER"); do
+            if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'petal serve'; then
+                echo "$pid"
+                return
+            fi
+        done
+        sleep 0.5
+    done
+    return 1
+}
+
+descendants() {
+    local child
+    for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+        echo "$child"
+        descendants "$child"
+    done
+}
+
+main() {
+    install_tools
+    [[ -d $CONTEXT/exported_models/flowers ]] || { log "no default model at $CONTEXT/exported_models/flowers"; exit 1; }
+    import_base_image
+    build_image
+
+    local config
+    config=$(buildah inspect --type image --format '{{json .Docker.Config}}' "$IMAGE")
+    "${CHECK[@]}" config <<<"$config"
+    local entrypoint=() healthcheck=()
+    mapfile -d '' entrypoint < <("${CHECK[@]}" config --argv entrypoint <<<"$config")
+    mapfile -d '' healthcheck < <("${CHECK[@]}" config --argv healthcheck <<<"$config")
+    log "image config: non-root, ports 8500/8501, MODEL_NAME, HEALTHCHECK on /readyz, exec entrypoint"
+
+    local rest grpc
+    rest=$(free_port)
+    grpc=$(free_port)
+    CONTAINER=$(buildah from --pull=never "$IMAGE")
+    log "running the entrypoint with extra flags --rest_api_port=$rest --port=$grpc"
+    buildah run --isolation chroot "$CONTAINER" -- "${entrypoint[@]}" \
+        --rest_api_port="$rest" --port="$grpc" --graceful_timeout="$GRACEFUL_TIMEOUT" >"$WORK/server.log" 2>&1 &
+    RUNNER=$!
+    SERVER=$(find_server) || { log "no 'petal serve' process appeared under buildah run"; exit 1; }
+    local argv0 uid
+    argv0=$(tr '\0' '\n' <"/proc/$SERVER/cmdline" | head -n 1)
+    uid=$(awk '/^Uid:/ {print $2}' "/proc/$SERVER/status")
+    [[ $argv0 != */sh && $uid == 10001 ]] || { log "server is $argv0 as uid $uid, expected exec'd python as 10001"; exit 1; }
+
+    "${CHECK[@]}" serve --url "http://127.0.0.1:$rest" --model_dir "$CONTEXT/exported_models/flowers" \
+        --runner_pid "$RUNNER"
+    # The HEALTHCHECK targets the default REST port; this run moved it, so point the same command at the new one.
+    local probe=("${healthcheck[@]//:8501\//:$rest/}")
+    buildah run --isolation chroot "$CONTAINER" -- "${probe[@]}" || { log "HEALTHCHECK command failed"; exit 1; }
+    log "HEALTHCHECK command passes inside the container"
+
+    kill -TERM "$SERVER"
+    local status=0 deadline=$((SECONDS + GRACEFUL_TIMEOUT + 20))
+    while kill -0 "$RUNNER" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+    kill -0 "$RUNNER" 2>/dev/null && { log "server still running $((GRACEFUL_TIMEOUT + 20))s after SIGTERM"; exit 1; }
+    wait "$RUNNER" || status=$?
+    RUNNER=""
+    ((status == 0)) || { log "server exited with status $status after SIGTERM"; exit 1; }
+    if grep -q Traceback "$WORK/server.log"; then log "traceback in the server log"; exit 1; fi
+    log "SIGTERM drained and exited 0"
+    log "PASSED in $(($(date +%s) - STARTED))s; image $IMAGE is $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
+}
+
+main "$@"

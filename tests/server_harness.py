@@ -1,0 +1,136 @@
+"""Start `petal serve` as a real gunicorn subprocess on free loopback ports, for every protocol's tests.
+
+Also builds the tiny test model once per test process (an untrained "compact" 32 px classifier exported with the
+training API), so protocol tests exercise a real SavedModel without paying for training.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LABELS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+IMAGE_SIZE = 32
+STARTUP_TIMEOUT_S = 180
+
+
+@dataclass
+class Server:
+    rest_url: str
+    grpc_target: str
+    proc: subprocess.Popen
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def _has_flag(args: tuple[str, ...], name: str) -> bool:
+    return any(a == name or a.startswith(name + "=") for a in args)
+
+
+@contextmanager
+def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,
+               stop_timeout: float = 60.0) -> Iterator[Server]:
+    """`petal serve ARGS` on free ports; yields once /readyz is 200 (or /healthz, with wait_ready=False)."""
+    args = tuple(petal_serve_args)
+    rest_port = free_port()
+    grpc_port = 0 if _has_flag(args, "--port") else free_port()
+    extra = ["--host=127.0.0.1", f"--rest_api_port={rest_port}"]
+    if grpc_port:
+        extra.append(f"--port={grpc_port}")
+    log_file = tempfile.NamedTemporaryFile(prefix="petal-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "-m", "petal", "serve", *extra, *args], cwd=ROOT,
+                            stdout=log_file, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+    server = Server(f"http://127.0.0.1:{rest_port}", f"127.0.0.1:{grpc_port}", proc, log_file.name)
+    try:
+        probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while _get(probe) != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"petal serve exited with {proc.returncode}:\n{server.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"petal serve not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-4000:]}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log_file.close()
+        os.unlink(log_file.name)
+
+
+def jpeg(size: int = IMAGE_SIZE, seed: int = 0, quality: int = 90) -> bytes:
+    """A real JPEG with some structure (so different seeds give different predictions)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = (rng.random((size, size, 3)) * 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+_model_base: str | None = None
+
+
+def tiny_model_base() -> str:
+    """A base path holding version 1 of the tiny test model, exported once per process (copy it, don't edit)."""
+    global _model_base
+    if _model_base is None:
+        from training.export import export_saved_model
+        from training.models import build_model
+
+        base = os.path.join(tempfile.mkdtemp(prefix="petal-test-model-"), "flowers")
+        model = build_model("compact", len(LABELS), IMAGE_SIZE)
+        export_saved_model(model, base, LABELS, IMAGE_SIZE, version=1,
+                           warmup_images=[jpeg(seed=s) for s in range(3)])
+        _model_base = base
+    return _model_base
+
+
+def copy_model(dest_base: str, version: int, source_version: int = 1) -> str:
+    """Publish a copy of the tiny model as `dest_base/version` in one rename, as an exporter would."""
+    os.makedirs(dest_base, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".staging-", dir=dest_base)
+    shutil.copytree(os.path.join(tiny_model_base(), str(source_version)), os.path.join(staging, "v"))
+    final = os.path.join(dest_base, str(version))
+    os.rename(os.path.join(staging, "v"), final)
+    os.rmdir(staging)
+    return final

@@ -1,0 +1,162 @@
+"""The dynamic batcher in-process: merging, padding, isolation, queue bound, deadlines, splitting."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from serving.batching import Batcher, BatchingOptions
+from serving.errors import ServingError
+from serving.metrics import Metrics
+from serving.protos import BatchingParameters
+
+
+class Recorder:
+    """A real batch function: doubles its input and records every batch it was given."""
+
+    def __init__(self, delay: float = 0.0, bad_value: float | None = None):
+        self.batches: list[np.ndarray] = []
+        self.delay = delay
+        self.bad_value = bad_value
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs):
+        x = inputs["x"]
+        with self.lock:
+            self.batches.append(x.copy())
+        if self.bad_value is not None and (x == self.bad_value).any():
+            raise ServingError("INVALID_ARGUMENT", "bad row")
+        time.sleep(self.delay)
+        return {"y": x * 2, "tag": np.array([f"r{int(v)}".encode() for v in x[:, 0]], dtype=object)}
+
+
+def run_concurrently(batcher, fn, values, key="m", deadline=None):
+    results, errors = {}, {}
+
+    def one(v):
+        try:
+            results[v] = batcher.run((key, 1, "s"), key, fn, {"x": np.array([[v]], np.float32)}, 1, deadline)
+        except ServingError as error:
+            errors[v] = error
+    threads = [threading.Thread(target=one, args=(v,)) for v in values]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def test_concurrent_requests_merge_and_each_gets_its_own_rows():
+    metrics = Metrics()
+    batcher = Batcher(BatchingOptions(max_batch_size=16, batch_timeout_micros=100_000, num_batch_threads=1),
+                      metrics)
+    fn = Recorder()
+    results, errors = run_concurrently(batcher, fn, list(range(8)))
+    assert not errors
+    assert len(fn.batches) < 8, "requests that arrived together should share batches"
+    for v, out in results.items():
+        assert out["y"].tolist() == [[2.0 * v]] and out["tag"].tolist() == [f"r{v}".encode()]
+    assert metrics.processed_batch_size.count(model_name="m") == len(fn.batches)
+    batcher.close()
+
+
+def test_pads_to_allowed_batch_sizes_and_never_returns_padding():
+    batcher = Batcher(BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1), Metrics())
+    fn = Recorder()
+    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[1.0], [2.0], [3.0]], np.float32)}, 3)
+    assert [b.shape[0] for b in fn.batches] == [4]
+    assert fn.batches[0][3, 0] == 3.0, "padding repeats the last real row"
+    assert out["y"].tolist() == [[2.0], [4.0], [6.0]]
+    batcher.close()
+
+
+def test_batches_never_mix_models_or_versions():
+    batcher = Batcher(BatchingOptions(max_batch_size=32, batch_timeout_micros=50_000, num_batch_threads=2),
+                      Metrics())
+    seen: dict[str, list] = {"a": [], "b": []}
+
+    def make(key):
+        def fn(inputs):
+            seen[key].append(inputs["x"][:, 0].tolist())
+            return {"y": inputs["x"]}
+        return fn
+    fns = {"a": make("a"), "b": make("b")}
+    barrier = threading.Barrier(12)
+
+    def one(key, v):
+        barrier.wait()
+        batcher.run((key, 1, "s"), key, fns[key], {"x": np.array([[v]], np.float32)}, 1)
+    threads = [threading.Thread(target=one, args=("a" if i % 2 else "b", float(i % 2))) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(set(batch) == {1.0} for batch in seen["a"]) and all(set(batch) == {0.0} for batch in seen["b"])
+    assert sum(map(len, seen["a"])) == 6 and sum(map(len, seen["b"])) == 6
+    batcher.close()
+
+
+def test_invalid_row_fails_only_its_own_request():
+    batcher = Batcher(BatchingOptions(max_batch_size=16, batch_timeout_micros=100_000, num_batch_threads=1),
+                      Metrics())
+    fn = Recorder(bad_value=3.0)
+    results, errors = run_concurrently(batcher, fn, list(range(6)))
+    assert set(errors) == {3} and errors[3].code == "INVALID_ARGUMENT"
+    assert sorted(results) == [0, 1, 2, 4, 5]
+    assert any(b.shape[0] > 1 for b in fn.batches), "the bad row was first run inside a merged batch"
+    batcher.close()
+
+
+def test_full_queue_rejects_with_unavailable_then_recovers():
+    metrics = Metrics()
+    batcher = Batcher(BatchingOptions(max_batch_size=1, max_enqueued_batches=1, num_batch_threads=1), metrics)
+    fn = Recorder(delay=0.2)
+    results, errors = run_concurrently(batcher, fn, list(range(6)))
+    assert errors and all(e.code == "UNAVAILABLE" for e in errors.values())
+    assert len(results) >= 2
+    assert metrics.rejected.value(model_name="m", reason="queue_full") == len(errors)
+    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[7.0]], np.float32)}, 1)
+    assert out["y"].tolist() == [[14.0]]
+    batcher.close()
+
+
+def test_deadline_exceeded_while_waiting():
+    batcher = Batcher(BatchingOptions(max_batch_size=8, batch_timeout_micros=1_000_000, num_batch_threads=1),
+                      Metrics())
+    fn = Recorder()
+    started = time.monotonic()
+    with pytest.raises(ServingError) as info:
+        batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[1.0]], np.float32)}, 1, time.monotonic() + 0.1)
+    assert info.value.code == "DEADLINE_EXCEEDED" and time.monotonic() - started < 0.9
+    time.sleep(1.0)
+    assert fn.batches == [], "a timed-out request is dropped, not run"
+    batcher.close()
+
+
+def test_large_request_is_split_into_max_size_batches():
+    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=2), Metrics())
+    fn = Recorder()
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    out = batcher.run(("m", 1, "s"), "m", fn, {"x": x}, 10)
+    assert max(b.shape[0] for b in fn.batches) == 4
+    assert out["y"][:, 0].tolist() == (x[:, 0] * 2).tolist()
+    batcher.close()
+
+
+def test_disabled_batching_calls_directly():
+    batcher = Batcher(BatchingOptions(), Metrics(), enabled=False)
+    fn = Recorder()
+    results, errors = run_concurrently(batcher, fn, [1, 2, 3])
+    assert not errors and all(b.shape[0] == 1 for b in fn.batches) and len(fn.batches) == 3
+
+
+def test_options_from_tf_serving_text_proto():
+    proto = text_format.Parse("max_batch_size { value: 8 } batch_timeout_micros { value: 2000 } "
+                              "num_batch_threads { value: 3 } allowed_batch_sizes: 2 allowed_batch_sizes: 8",
+                              BatchingParameters())
+    options = BatchingOptions.from_proto(proto)
+    assert (options.max_batch_size, options.batch_timeout_micros, options.num_batch_threads) == (8, 2000, 3)
+    assert options.allowed_batch_sizes == (2, 8) and options.padded_size(3) == 8
+    with pytest.raises(ValueError):
+        BatchingOptions(max_batch_size=8, allowed_batch_sizes=(2, 4))

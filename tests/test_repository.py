@@ -1,0 +1,135 @@
+"""The model repository in-process on real SavedModels: policies, labels, failures, warmup, unloading."""
+import os
+import threading
+import time
+
+import pytest
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.errors import ServingError
+from serving.metrics import Metrics
+from serving.repository import Repository, aspired_versions, discover_versions
+from server_harness import copy_model
+
+
+def config(base: str, extra: str = "") -> model_server_config_pb2.ModelServerConfig:
+    return text_format.Parse(f'model_config_list {{ config {{ name: "flowers" base_path: "{base}" '
+                             f'model_platform: "tensorflow" {extra} }} }}',
+                             model_server_config_pb2.ModelServerConfig())
+
+
+def states(repo: Repository) -> dict[int, str]:
+    return {s.version: s.state for s in repo.status("flowers")}
+
+
+def test_discovery_ignores_non_integer_and_incomplete_versions(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 3)
+    os.makedirs(os.path.join(base, "7"))  # no saved_model.pb yet: still being copied
+    os.makedirs(os.path.join(base, "tmp"))
+    assert discover_versions(base) == [3]
+
+
+def test_policies():
+    policy = model_server_config_pb2.ModelConfig().model_version_policy
+    assert aspired_versions(policy, [1, 2, 3]) == {3}
+    policy.latest.num_versions = 2
+    assert aspired_versions(policy, [1, 2, 3]) == {2, 3}
+    policy.specific.versions.extend([1, 5])
+    assert aspired_versions(policy, [1, 2, 3]) == {1}
+    policy.all.SetInParent()
+    assert aspired_versions(policy, [1, 2, 3]) == {1, 2, 3}
+
+
+def test_latest_version_serves_and_warmup_replays(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    copy_model(base, 2)
+    metrics = Metrics()
+    repo = Repository(config(base), metrics, poll_seconds=0)
+    repo.poll_now()
+    assert states(repo) == {2: "AVAILABLE"} and repo.ready()
+    with repo.serving("flowers") as servable:
+        assert servable.version == 2 and servable.labels[0] == "daisy"
+    # the exporter wrote 3 single-image requests plus one batch of all three
+    assert metrics.warmup_requests.value(model_name="flowers", version="2") == 4
+    with pytest.raises(ServingError) as info:
+        with repo.serving("flowers", version=1):
+            pass
+    assert info.value.code == "NOT_FOUND" and "Specific(flowers, 1)" in info.value.message
+    with pytest.raises(ServingError) as info:
+        repo.status("nope")
+    assert info.value.code == "NOT_FOUND"
+
+
+def test_labels_and_all_policy(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    copy_model(base, 2)
+    repo = Repository(config(base, 'model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
+                                   'version_labels { key: "canary" value: 2 }'), Metrics(), poll_seconds=0)
+    repo.poll_now()
+    assert states(repo) == {1: "AVAILABLE", 2: "AVAILABLE"}
+    with repo.serving("flowers", label="stable") as servable:
+        assert servable.version == 1
+    assert repo.status("flowers", label="canary")[0].version == 2
+    with pytest.raises(ServingError) as info:
+        repo.status("flowers", label="beta")
+    assert info.value.code == "INVALID_ARGUMENT" and "Unrecognized servable version label: beta" in info.value.message
+
+
+def test_broken_version_is_reported_and_the_old_one_keeps_serving(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    repo.poll_now()
+    staging = tmp_path / "broken"
+    staging.mkdir()
+    (staging / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    os.rename(staging, os.path.join(base, "2"))
+    repo.poll_now()
+    status = {s.version: s for s in repo.status("flowers")}
+    assert status[2].state == "END" and status[2].error_code != "OK" and status[2].error_message
+    assert status[1].state == "AVAILABLE" and repo.ready()
+    with repo.serving("flowers") as servable:
+        assert servable.version == 1
+
+
+def test_unload_waits_for_requests_in_flight(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    repo.poll_now()
+    copy_model(base, 2)
+    with repo.serving("flowers") as old:
+        poller = threading.Thread(target=repo.poll_now)
+        poller.start()
+        deadline = time.monotonic() + 60
+        while states(repo).get(1) != "UNLOADING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert states(repo) == {1: "UNLOADING", 2: "AVAILABLE"}
+        assert old.version == 1 and old.run("serving_default", {"image_bytes": _one_image()})["classid"].shape == (1,)
+    poller.join(30)
+    assert states(repo) == {1: "END", 2: "AVAILABLE"}
+
+
+def test_reload_config_unloads_omitted_models(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    repo.poll_now()
+    empty = model_server_config_pb2.ModelServerConfig()
+    empty.model_config_list.SetInParent()
+    repo.reload_config(empty)
+    repo.poll_now()
+    assert repo.model_names() == [] and not repo.ready()
+    with pytest.raises(ServingError) as info:
+        repo.status("flowers")
+    assert info.value.code == "NOT_FOUND"
+
+
+def _one_image():
+    import numpy as np
+    from server_harness import jpeg
+    return np.array([jpeg()], dtype=object)

@@ -1,0 +1,167 @@
+"""Export a trained classifier as a SavedModel that takes raw image bytes, in TF Serving's layout.
+
+The decode runs inside the graph with the same `preprocess_eval` that evaluation used, so a served prediction can
+never disagree with the accuracy measured in training. The version directory appears in one rename, so a server
+polling the base path never loads half a model.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+from training.models import ModelConfig
+from training.preprocessing import preprocess_eval
+
+log = logging.getLogger(__name__)
+
+LABELS_FILE = "labels.txt"
+WARMUP_FILE = "tf_serving_warmup_requests"
+DEFAULT_MODEL_NAME = "flowers"
+
+
+class _Servable(tf.Module):
+    """The exported object: the model, the label table and the two signatures."""
+
+    def __init__(self, model: keras.Model, labels_path: str, image_size: int):
+        super().__init__()
+        self.model = model
+        self.image_size = image_size
+        self.num_classes = int(model.output_shape[-1])
+        self.labels = tf.lookup.StaticHashTable(
+            tf.lookup.TextFileInitializer(labels_path, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+                                          tf.string, tf.lookup.TextFileIndex.WHOLE_LINE),
+            default_value="")
+        size = image_size
+        self.serving_default = tf.function(
+            self._from_bytes, input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+        self.predict_images = tf.function(
+            self._classify, input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32, name="images")])
+
+    def _from_bytes(self, image_bytes):
+        images = tf.map_fn(
+            lambda b: preprocess_eval(b, self.image_size, self.image_size), image_bytes,
+            fn_output_signature=tf.TensorSpec([self.image_size, self.image_size, 3], tf.float32))
+        return self._classify(images)
+
+    def _classify(self, images):
+        # An empty batch skips the model: some kernels (oneDNN batch norm) reject a zero batch dimension.
+        logits = tf.cond(tf.shape(images)[0] > 0,
+                         lambda: tf.cast(self.model(images, training=False), tf.float32),
+                         lambda: tf.zeros([0, self.num_classes]))
+        classid = tf.argmax(logits, axis=1, output_type=tf.int64)
+        return {"probabilities": tf.nn.softmax(logits), "classid": classid, "class": self.labels.lookup(classid)}
+
+
+def synthetic_jpegs(count: int = 3, size: int = 64) -> list[bytes]:
+    """Real JPEG bytes (gradients of different colours) for warmup when the caller has no images at hand."""
+    ramp = np.linspace(0, 255, size, dtype=np.float32)
+    images = []
+    for i in range(count):
+        image = np.stack([np.add.outer(ramp, ramp) / 2, np.roll(ramp, 17 * i)[None, :].repeat(size, 0),
+                          np.full((size, size), 60.0 * i)], axis=-1)
+        images.append(tf.io.encode_jpeg(np.clip(image, 0, 255).astype(np.uint8)).numpy())
+    return images
+
+
+def _write_warmup(path: str, model_name: str, images: list[bytes]) -> None:
+    """One single-image request per image plus one batch of all, so both batch shapes get compiled."""
+    batches = [[image] for image in images] + ([images] if len(images) > 1 else [])
+    with tf.io.TFRecordWriter(path) as writer:
+        for batch in batches:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = "serving_default"
+            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string, shape=[len(batch)]))
+            record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(record.SerializeToString())
+
+
+def next_version(export_base: str) -> int:
+    """One more than the highest integer directory, as TF Serving orders versions; 1 for a new base."""
+    if not os.path.isdir(export_base):
+        return 1
+    return max((int(d) for d in os.listdir(export_base) if d.isdigit()), default=0) + 1
+
+
+def export_saved_model(model: keras.Model, export_base: str, labels: list[str], image_size: int,
+                       version: int | None = None, warmup_images: list[bytes] | None = None) -> str:
+    """Write `<export_base>/<version>/` (a temporary sibling, then one rename) and return its path.
+
+    The model must take NHWC float32 images in [-1, 1] and return logits; the signatures add decoding, softmax,
+    argmax and label lookup. The warmup images are run through the exported function before the rename, so a
+    model that cannot serve them is never published.
+    """
+    if not labels or any("\n" in label or not label for label in labels):
+        raise ValueError("labels must be non-empty strings without newlines")
+    version = next_version(export_base) if version is None else int(version)
+    final = os.path.join(export_base, str(version))
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} already exists; versions are immutable, pick another --version")
+    os.makedirs(export_base, exist_ok=True)
+    warmup_images = warmup_images or synthetic_jpegs()
+    staging = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=export_base)
+    try:
+        labels_src = os.path.join(staging, "labels_src", LABELS_FILE)
+        os.makedirs(os.path.dirname(labels_src))
+        with open(labels_src, "w") as f:
+            f.write("\n".join(labels) + "\n")
+        servable = _Servable(model, labels_src, image_size)
+        outputs = servable.serving_default(tf.constant(warmup_images))
+        if outputs["probabilities"].shape != (len(warmup_images), len(labels)):
+            raise ValueError(f"model returned {outputs['probabilities'].shape} for {len(warmup_images)} images "
+                             f"and {len(labels)} labels")
+        saved = os.path.join(staging, "model")
+        tf.saved_model.save(servable, saved, signatures={"serving_default": servable.serving_default,
+                                                          "predict_images": servable.predict_images})
+        os.makedirs(os.path.join(saved, "assets.extra"))
+        _write_warmup(os.path.join(saved, "assets.extra", WARMUP_FILE), os.path.basename(export_base.rstrip("/")),
+                      warmup_images)
+        os.rename(saved, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported", extra={"fields": {"path": final, "labels": len(labels), "image_size": image_size}})
+    return final
+
+
+def restore_for_export(checkpoint_dir: str) -> tuple[keras.Model, ModelConfig]:
+    """Rebuild the model a `petal train` output directory describes, with its latest checkpointed weights.
+
+    The model is rebuilt in float32 and NHWC whatever the training used (bf16, transposed input): the weights are
+    the same, and serving wants neither.
+    """
+    config = ModelConfig.load(checkpoint_dir)
+    keras.mixed_precision.set_global_policy("float32")
+    model = config.build()
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    log.info("restored", extra={"fields": {"checkpoint": latest}})
+    return model, config
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="petal export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint_dir", required=True, help="the --output_dir of `petal train`")
+    parser.add_argument("--export_dir", required=True, help="writes <export_dir>/<model_name>/<version>/")
+    parser.add_argument("--model_name", default=DEFAULT_MODEL_NAME)
+    parser.add_argument("--version", type=int, default=None, help="default: one more than the highest existing")
+    args = parser.parse_args(argv)
+    try:
+        model, config = restore_for_export(args.checkpoint_dir)
+        path = export_saved_model(model, os.path.join(args.export_dir, args.model_name), list(config.labels),
+                                  config.image_size, version=args.version)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"petal export: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
