@@ -5,36 +5,42 @@
 #   docker run -p 8500:8500 -p 8501:8501 petal
 #   docker run -p 8501:8501 -v /path/to/models:/models -e MODEL_NAME=mymodel petal --workers=2
 #
-# GPU: BASE_IMAGE is the only switch. Any base with Python >= 3.11 from its own packages and the CUDA/cuDNN
-# runtime that TensorFlow 2.21 was built against works, e.g.
-#   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-runtime-ubuntu24.04 -t petal:gpu .
+# GPU: BASE_IMAGE is the only switch. Any base whose own packages give Python >= 3.11 and that carries the CUDA and
+# cuDNN runtime TensorFlow 2.21 links against (CUDA 12.5+, cuDNN 9.3+, as tensorflow[and-cuda] pins) works:
+#   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 -t petal:gpu .
 #   docker run --gpus all -p 8500:8500 -p 8501:8501 petal:gpu
+#
+# PETAL_EXTRAS installs optional dependency groups too: deploy/docker-compose.yml builds its Locust load generator
+# from this same file with PETAL_EXTRAS=test.
 ARG BASE_IMAGE=debian:bookworm-slim
 
-# Build stage: compilers, pip and wheel caches stay here and never reach the runtime image.
+# Build stage: wheels for Petal and every dependency; build tools, pip's cache and the wheels stay here.
 FROM ${BASE_IMAGE} AS build
+ARG PETAL_EXTRAS=""
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
-RUN python3 -m venv /opt/petal
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/build
 WORKDIR /src
-# Dependencies first, from the project metadata alone, so a code change does not re-download TensorFlow.
 COPY pyproject.toml README.md petal.py ./
-RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/petal/bin/pip wheel --wheel-dir /wheels . \
-    && /opt/petal/bin/pip install --no-index --find-links /wheels petal
 COPY training training
 COPY serving serving
-RUN /opt/petal/bin/pip wheel --no-deps --wheel-dir /wheels/petal . \
-    && /opt/petal/bin/pip install --no-deps --force-reinstall /wheels/petal/petal-*.whl
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/build/bin/pip wheel --wheel-dir /wheels ".${PETAL_EXTRAS:+[$PETAL_EXTRAS]}"
 
-# Runtime stage: the base plus Debian's python3, the finished virtualenv and the default model.
+# Runtime stage: the base, its python3, a virtualenv installed from the wheels (mounted, never copied into a layer)
+# and the default model. TensorFlow's 430 MB of C++ headers only serve custom-op builds, so they go.
 FROM ${BASE_IMAGE}
+ARG PETAL_EXTRAS=""
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group petal
-COPY --from=build /opt/petal /opt/petal
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python3 -m venv /opt/petal \
+    && /opt/petal/bin/pip install --no-cache-dir --no-index --find-links /wheels \
+        "petal${PETAL_EXTRAS:+[$PETAL_EXTRAS]}" \
+    && rm -rf /opt/petal/lib/python3*/site-packages/tensorflow/include
 COPY --chown=10001:10001 exported_models/flowers /models/flowers
 ENV PATH=/opt/petal/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -1,4 +1,4 @@
-"""Locust users for a Petal (or TF Serving) deployment: REST :predict, REST :classify_image, gRPC Predict and
+r"""Locust users for a Petal (or TF Serving) deployment: REST :predict, REST :classify_image, gRPC Predict and
 KServe V2 infer, each a closed loop with no think time, so `--users` is the concurrency.
 
 Run it through `petal loadtest` (which adds the SLO check, reports and the sweep), or directly:
@@ -17,8 +17,10 @@ import random
 import time
 from pathlib import Path
 
-from locust import FastHttpUser, User, constant, events, task  # noqa: I001  (imports gevent and patches first)
+# Locust first: importing it monkey-patches the process with gevent, which grpc's gevent support requires.
+from locust import FastHttpUser, User, constant, events, task
 
+import gevent
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 
@@ -30,31 +32,11 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp"}
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # clients default to 4 MB, too small for multi-megapixel JPEGs
 
 
-class Corpus:
-    """The JPEGs every user draws from, and their request bodies per protocol, built once."""
-
-    images: list[bytes] = []
-    grpc_requests: list = []
-
-    @classmethod
-    def load(cls, folder: str) -> None:
-        paths = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        if not paths:
-            raise SystemExit(f"--images {folder}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) found")
-        cls.images = [p.read_bytes() for p in paths]
-
-    @classmethod
-    def build_grpc_requests(cls, model_name: str) -> None:
-        """Done at init, before the clock starts: the protos pull in TensorFlow, a multi-second import that
-        REST-only runs skip altogether."""
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
-        for image in cls.images:
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = model_name
-            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image], dtype=tf.string))
-            cls.grpc_requests.append(request)
+def load_images(folder: str) -> list[bytes]:
+    paths = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not paths:
+        raise SystemExit(f"--images {folder}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) found")
+    return [p.read_bytes() for p in paths]
 
 
 @events.init_command_line_parser.add_listener
@@ -70,7 +52,8 @@ def add_arguments(parser) -> None:
 
 @events.init.add_listener
 def on_init(environment, **_kwargs) -> None:
-    """Apply --weights (dropping weight-0 users) and the timeout, and load the corpus before any user starts."""
+    """Apply --weights (dropping weight-0 users) and the timeout, and build every request body before the
+    clock starts."""
     options = environment.parsed_options
     if options is None:  # used as a library: the caller configures the classes
         return
@@ -86,9 +69,12 @@ def on_init(environment, **_kwargs) -> None:
         raise SystemExit(f"--weights {options.weights!r} selects none of this file's users")
     if not options.images:
         raise SystemExit("--images DIR is required (petal loadtest makes a synthetic corpus for you)")
-    Corpus.load(options.images)
-    if GrpcPredictUser in environment.user_classes:
-        Corpus.build_grpc_requests(options.model_name)
+    images = load_images(options.images)
+    for user_class in environment.user_classes:
+        user_class.prepare(images, options)
+    # Locust arms --run-time with gevent.spawn_later, timed from the event loop's cached clock; after this
+    # blocking set-up that clock is seconds stale and the run would end early by as much.
+    gevent.get_hub().loop.update_now()
 
 
 def _error_message(body: bytes) -> str:
@@ -106,26 +92,30 @@ class _RestUser(FastHttpUser):
     wait_time = constant(0)
     endpoint = ""
     content_type = "application/json"
+    path = ""
     bodies: list[bytes] = []
 
-    def path(self) -> str:
+    @staticmethod
+    def encode(image: bytes) -> bytes:
         raise NotImplementedError
 
-    def body(self, image: bytes) -> bytes:
+    @staticmethod
+    def valid(answer: dict) -> bool:
         raise NotImplementedError
 
-    def valid(self, answer: dict) -> bool:
+    @classmethod
+    def route(cls, model_name: str) -> str:
         raise NotImplementedError
 
-    def on_start(self) -> None:
-        cls = type(self)
-        if not cls.bodies:
-            cls.bodies = [self.body(image) for image in Corpus.images]
+    @classmethod
+    def prepare(cls, images: list[bytes], options) -> None:
+        cls.path = cls.route(options.model_name)
+        cls.bodies = [cls.encode(image) for image in images]
 
     @task
     def send(self) -> None:
         body = random.choice(self.bodies)
-        with self.client.post(self.path(), data=body, headers={"Content-Type": self.content_type},
+        with self.client.post(self.path, data=body, headers={"Content-Type": self.content_type},
                               name=self.endpoint, catch_response=True) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {_error_message(response.content or b'')}")
@@ -143,13 +133,16 @@ class RestPredictUser(_RestUser):
 
     endpoint = "rest_predict"
 
-    def path(self) -> str:
-        return f"/v1/models/{self.environment.parsed_options.model_name}:predict"
+    @classmethod
+    def route(cls, model_name: str) -> str:
+        return f"/v1/models/{model_name}:predict"
 
-    def body(self, image: bytes) -> bytes:
+    @staticmethod
+    def encode(image: bytes) -> bytes:
         return json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}]}).encode()
 
-    def valid(self, answer: dict) -> bool:
+    @staticmethod
+    def valid(answer: dict) -> bool:
         return len(answer["predictions"]) == 1
 
 
@@ -159,13 +152,16 @@ class RestClassifyImageUser(_RestUser):
     endpoint = "rest_classify_image"
     content_type = "image/jpeg"
 
-    def path(self) -> str:
-        return f"/v1/models/{self.environment.parsed_options.model_name}:classify_image"
+    @classmethod
+    def route(cls, model_name: str) -> str:
+        return f"/v1/models/{model_name}:classify_image"
 
-    def body(self, image: bytes) -> bytes:
+    @staticmethod
+    def encode(image: bytes) -> bytes:
         return image
 
-    def valid(self, answer: dict) -> bool:
+    @staticmethod
+    def valid(answer: dict) -> bool:
         return len(answer["predictions"]) >= 1 and "label" in answer["predictions"][0]
 
 
@@ -174,15 +170,18 @@ class V2InferUser(_RestUser):
 
     endpoint = "v2_infer"
 
-    def path(self) -> str:
-        return f"/v2/models/{self.environment.parsed_options.model_name}/infer"
+    @classmethod
+    def route(cls, model_name: str) -> str:
+        return f"/v2/models/{model_name}/infer"
 
-    def body(self, image: bytes) -> bytes:
+    @staticmethod
+    def encode(image: bytes) -> bytes:
         return json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
                                        "parameters": {"content_type": "base64"},
                                        "data": [base64.b64encode(image).decode()]}]}).encode()
 
-    def valid(self, answer: dict) -> bool:
+    @staticmethod
+    def valid(answer: dict) -> bool:
         return bool(answer["outputs"])
 
 
@@ -195,9 +194,24 @@ class GrpcPredictUser(User):
 
     wait_time = constant(0)
     endpoint = "grpc_predict"
+    requests: list = []
+
+    @classmethod
+    def prepare(cls, images: list[bytes], options) -> None:
+        """The protos pull in TensorFlow, a multi-second import that runs here, before the clock starts, and
+        only when this user has traffic."""
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        cls.requests = []
+        for image in images:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = options.model_name
+            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image], dtype=tf.string))
+            cls.requests.append(request)
 
     def on_start(self) -> None:
-        from tensorflow_serving.apis import prediction_service_pb2_grpc  # already imported by build_grpc_requests
+        from tensorflow_serving.apis import prediction_service_pb2_grpc  # imported already by prepare()
 
         options = self.environment.parsed_options
         self.timeout = options.request_timeout
@@ -211,7 +225,7 @@ class GrpcPredictUser(User):
 
     @task
     def predict(self) -> None:
-        request = random.choice(Corpus.grpc_requests)
+        request = random.choice(self.requests)
         started = time.perf_counter()
         length, error = 0, None
         try:

@@ -17,10 +17,10 @@ from typing import Any
 
 import apache_beam as beam
 import tensorflow as tf
-from google.protobuf.message import DecodeError
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 
 from serving.model_handler import METRICS_NAMESPACE

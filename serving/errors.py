@@ -55,3 +55,10 @@ def not_found(message: str) -> ServingError:
 
 def unavailable(message: str) -> ServingError:
     return ServingError("UNAVAILABLE", message)
+
+
+def op_error_message(message: str) -> str:
+    """The line of a TF graph error that says what was wrong, without the node names and stack noise around it."""
+    noise = ("Graph execution error", "Detected at node", "<stack traces", "\t", " ")
+    lines = [line for line in message.splitlines() if line.strip() and not line.startswith(noise)]
+    return lines[-1] if lines else message.strip()

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import json
 import struct
+import time
 import zlib
 from typing import Any
 
 import flask
 import numpy as np
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from serving.errors import ServingError, http_status
 
@@ -53,17 +54,20 @@ def version_arg(version: str | None) -> int | None:
 
 # ---- request decoding -------------------------------------------------------------------------------------
 
-def request_body() -> bytes:
+def request_body(max_bytes: int) -> bytes:
+    """The body, inflated for Content-Encoding gzip/deflate (as tritonclient sends), never past max_bytes."""
     body = flask.request.get_data(cache=False)
     encoding = flask.request.headers.get("Content-Encoding", "").lower()
+    if encoding not in ("gzip", "deflate"):
+        return body
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise BadRequest(f"Cannot decompress {encoding} request body: {exc}") from exc
-    return body
+        data = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"Invalid {encoding} body: {exc}") from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise RequestEntityTooLarge(f"The inflated body exceeds --max_request_bytes ({max_bytes})")
+    return data
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -268,7 +272,9 @@ def create_blueprint(core: Any) -> flask.Blueprint:
     @bp.post("/v2/models/<model>/infer")
     @bp.post("/v2/models/<model>/versions/<version>/infer")
     def infer(model: str, version: str | None = None) -> flask.Response:
-        request, tail = split_body(request_body(), flask.request.headers.get(HEADER_LENGTH))
+        deadline = time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0
+        request, tail = split_body(request_body(core.options.max_request_bytes),
+                                   flask.request.headers.get(HEADER_LENGTH))
         parameters = request.get("parameters") or {}
         base64_default = parameters.get("content_type") == "base64"
         inputs, offset = {}, 0
@@ -282,7 +288,8 @@ def create_blueprint(core: Any) -> flask.Blueprint:
             raise BadRequest("'outputs' must be a list of objects with a 'name'")
         result = core.predict(model=model, inputs=inputs, version=version_arg(version),
                               signature_name=parameters.get("signature_name", ""),
-                              output_filter=[o["name"] for o in requested] or None, entrypoint="REST")
+                              output_filter=[o["name"] for o in requested] or None, deadline=deadline,
+                              entrypoint="REST")
         all_binary = bool(parameters.get("binary_data_output", False))
         arrays = []
         for out in requested or [{"name": name} for name in result.outputs]:

@@ -2,7 +2,7 @@
 
 Locust runs in a subprocess (`python -m locust`), never in this process: importing Locust monkey-patches
 everything with gevent, and its own CSV and HTML reports come for free. This module makes the image corpus,
-optionally starts `petal serve`, runs Locust headless, and judges Locust's CSV with serving.slo.
+optionally starts `petal serve`, runs Locust headless, and judges Locust's final stats with serving.slo.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ DEFAULT_LOCUSTFILE = REPO / "load_tests" / "locustfile.py"
 DEFAULT_SLO = REPO / "load_tests" / "slo.toml"
 DEFAULT_MODEL_BASE_PATH = REPO / "exported_models" / "flowers"
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
+SERVER_STOP_GRACE_S = 10
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
 
 
@@ -144,9 +144,9 @@ def running_server(model_base_path: Path, model_name: str, log_path: Path, extra
         log.info("server ready", extra={"fields": {"host": target.host, "grpc_host": target.grpc_host}})
         yield target
     finally:
-        process.terminate()
+        process.terminate()  # the run is over: a short grace, then no reason to wait for a slow drain
         try:
-            process.wait(timeout=20)
+            process.wait(timeout=SERVER_STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -172,8 +172,9 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
                "--grpc-host", settings.target.grpc_host, "--weights", weights,
                "--request-timeout", str(settings.request_timeout_s)]
     log_path = out_dir / "locust.log"
-    log.info("running locust", extra={"fields": {"users": users, "run_time_s": settings.run_time_s,
-                                                 "out_dir": str(out_dir)}})
+    log.info("running locust", extra={"fields": {"command": shlex.join(command)}})
+    print(f"loadtest: {users} user(s) for {settings.run_time_s}s against {settings.target.host}"
+          f" ({weights}); Locust log {log_path}", file=sys.stderr, flush=True)
     stats_json = out_dir / "locust_stats.json"
     stats_json.unlink(missing_ok=True)
     with open(log_path, "wb") as locust_log:
@@ -205,7 +206,7 @@ def format_table(stats: dict[str, EndpointStats], breaches: list[Breach]) -> str
              "  SLO"]
     rows = [name for name in ENDPOINTS if name in stats] + [TOTAL]
     for name in rows:
-        row = stats.get(name) or EndpointStats(name, 0, 0, 0.0, None, None, None)
+        row = stats[name]
         verdict = "BREACH" if name in breached or (name == TOTAL and "total" in breached) else "ok"
         label = "total" if name == TOTAL else name
         lines.append(f"{label:<22}{row.requests:>9}{100 * row.failure_ratio:>8.2f}{row.rps:>9.2f}"
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     flag("server_timeout", type=float, default=180.0, help="seconds --start-server waits for the model")
     flag("sweep", action="store_true", help="step --sweep_users for --run-time each and report the knee")
     flag("sweep_users", default="1,2,4,8,16,32,64", help="user counts the sweep steps through")
-    flag("locustfile", type=Path, default=DEFAULT_LOCUSTFILE, help=argparse.SUPPRESS)
+    flag("locustfile", type=Path, default=DEFAULT_LOCUSTFILE, help="Locust users to run (default: Petal's)")
     return parser
 
 

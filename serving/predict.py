@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from serving.client import Client, PetalError, Prediction, RequestError, from_pairs
+from serving.errors import op_error_message
 from serving.images import top_k as top_k_pairs
 
 DEFAULT_MODEL_BASE_PATH = "exported_models/flowers"
@@ -50,13 +51,6 @@ def latest_version_dir(path: str) -> str:
     if not versions:
         raise FileNotFoundError(f"no SavedModel under {path!r}; train and export one, or pass --server")
     return os.path.join(path, str(max(versions)))
-
-
-def op_error_message(message: str) -> str:
-    """The line of a TF graph error that says what was wrong, without node names and stack noise."""
-    noise = ("Graph execution error", "Detected at node", "<stack traces", "\t", " ")
-    lines = [line for line in message.splitlines() if line.strip() and not line.startswith(noise)]
-    return lines[-1] if lines else message
 
 
 def predict_in_process(images: Sequence[bytes], model_dir: str, top_k: int) -> list[Prediction | str]:

@@ -22,7 +22,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.errors import ServingError, invalid, not_found, unavailable
+from serving.errors import ServingError, invalid, not_found, op_error_message, unavailable
 from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def _status_error(error: tf.errors.OpError) -> ServingError:
             tf.errors.UNIMPLEMENTED: "UNIMPLEMENTED", tf.errors.NOT_FOUND: "NOT_FOUND",
             tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED", tf.errors.CANCELLED: "CANCELLED",
             tf.errors.UNAVAILABLE: "UNAVAILABLE"}.get(error.error_code, "INTERNAL")
-    return ServingError(name, error.message.strip().splitlines()[0] if error.message.strip() else str(error))
+    return ServingError(name, op_error_message(error.message) or str(error))
 
 
 class Servable:

@@ -247,9 +247,12 @@ def create_app(core: Core) -> flask.Flask:
         def metrics() -> flask.Response:
             return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    @app.route("/v1/<path:_rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    def v1(_rest: str) -> flask.Response:
+    @app.before_request
+    def v1() -> flask.Response | None:
+        """Every /v1 path, matched case-insensitively like TF Serving (Flask's routing is case-sensitive)."""
         request = flask.request
+        if request.path[:4].lower() != "/v1/":
+            return None
         match = _V1_PATH.match(request.path)
         verb = (match.group("verb") or "").lower() if match else ""
         if match is None or (request.method == "GET") == bool(verb) or request.method not in ("GET", "POST") \

@@ -78,7 +78,9 @@ def _number(value: object, where: str) -> float:
     return float(value)
 
 
-def _limits(table: dict, where: str, allowed: tuple[str, ...]) -> Limits:
+def _limits(table: object, where: str, allowed: tuple[str, ...]) -> Limits:
+    if not isinstance(table, dict):
+        raise SLOError(f"{where} must be a table")
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise SLOError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
@@ -109,13 +111,11 @@ def parse_slo(text: str, source: str = "<slo>") -> SLO:
         where = f"{source}: [endpoints.{name}]"
         if name not in ENDPOINTS:
             raise SLOError(f"{where}: unknown endpoint; known: {', '.join(ENDPOINTS)}")
-        if not isinstance(table, dict):
-            raise SLOError(f"{where} must be a table")
+        endpoints[name] = _limits({**defaults, **table} if isinstance(table, dict) else table, where, ENDPOINT_KEYS)
         weight = table.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
             raise SLOError(f"{where}.weight must be a non-negative integer, got {weight!r}")
         weights[name] = weight
-        endpoints[name] = _limits({**defaults, **table}, where, ENDPOINT_KEYS)
     if not any(weights.values()):
         raise SLOError(f"{source}: every endpoint has weight 0, so there would be no traffic")
     return SLO(weights=weights, endpoints=endpoints, total=_limits(doc.get("total", {}), f"{source}: [total]",

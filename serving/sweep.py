@@ -31,7 +31,7 @@ class Level:
 
     @classmethod
     def from_stats(cls, users: int, stats: dict[str, EndpointStats], breaches: list[Breach]) -> Level:
-        total = stats.get(TOTAL) or EndpointStats(TOTAL, 0, 0, 0.0, None, None, None)
+        total = stats[TOTAL]
         return cls(users=users, rps=total.rps, p50_ms=total.p50_ms, p95_ms=total.p95_ms, p99_ms=total.p99_ms,
                    failure_ratio=total.failure_ratio, breaches=tuple(str(b) for b in breaches))
 

@@ -9,18 +9,19 @@ import os
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
-
+from server_harness import run_server
 from serving import batch_job
 from training import synth
 from training.export import export_saved_model
 from training.models import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED_MODEL = os.path.join(ROOT, "exported_models", "flowers")
 IMAGE_SIZE = 32
 GOOD_JPEGS = 99
 IN_MEMORY = ["--direct_running_mode", "in_memory"]
@@ -280,3 +281,42 @@ def test_multi_process_direct_runner_shares_the_model_and_loses_nothing(model_di
     results, errors = read_output(output)
     assert_nothing_lost(results, errors, inputs)
     assert_matches_reference(results, reference)
+
+
+@pytest.mark.slow
+def test_predictions_equal_a_real_servers_rest_predict(image_job, model_dir, inputs):
+    results = {row["key"]: row["prediction"] for row in read_output(image_job[0])[0]}
+    keys = sorted(results)[:12]
+    body = json.dumps({"signature_name": "serving_default", "instances": [
+        {"image_bytes": {"b64": base64.b64encode(inputs[key]).decode()}} for key in keys]}).encode()
+    with run_server(f"--model_base_path={model_dir}", "--model_name=flowers") as server:
+        request = urllib.request.Request(f"{server.rest_url}/v1/models/flowers:predict", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            predictions = json.load(response)["predictions"]
+    assert len(predictions) == len(keys)
+    for key, served in zip(keys, predictions):
+        np.testing.assert_allclose(results[key]["probabilities"], served["probabilities"], atol=1e-5)
+        assert (results[key]["classid"], results[key]["class"]) == (served["classid"], served["class"])
+
+
+def test_the_shipped_model_classifies_fresh_flowers_as_the_server_would(tmp_path, capsys):
+    labels = {}
+    (tmp_path / "in").mkdir()
+    for i in range(25):
+        label = synth.CLASSES[i % len(synth.CLASSES)]
+        path = tmp_path / "in" / f"{label}-{i}.jpg"
+        path.write_bytes(synth.render(label, 90_000 + i, min_size=120, max_size=240))
+        labels[str(path)] = label
+    summary = run_job(capsys, "--model_dir", SHIPPED_MODEL, "--input", str(tmp_path / "in" / "*.jpg"),
+                      "--output_dir", str(tmp_path / "out"), *IN_MEMORY)
+    assert summary["model"].endswith("flowers/1") and summary["results"] == 25
+    results, errors = read_output(str(tmp_path / "out"))
+    assert not errors
+    keys = sorted(labels)
+    served = serving_default(SHIPPED_MODEL, [open(k, "rb").read() for k in keys])
+    reference = {k: {"probabilities": served["probabilities"][i], "classid": int(served["classid"][i]),
+                     "class": served["class"][i].decode()} for i, k in enumerate(keys)}
+    assert_matches_reference(results, reference)
+    correct = sum(row["prediction"]["class"] == labels[row["key"]] for row in results)
+    assert correct >= 20, f"only {correct}/25 fresh synthetic flowers classified right"

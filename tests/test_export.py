@@ -1,4 +1,5 @@
 """export_saved_model: layout, signatures, round trip against the in-memory model, bad bytes, versions."""
+import io
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 from tensorflow_serving.apis import prediction_log_pb2
 
 from training.export import export_saved_model, next_version
@@ -100,9 +102,6 @@ def test_png_gif_and_bmp_bytes_are_accepted(exported):
     _, path = exported
     image = tf.cast(tf.random.stateless_uniform([20, 30, 3], [1, 2], maxval=255), tf.uint8)
     encoded = [tf.io.encode_png(image).numpy(), tf.io.encode_jpeg(image).numpy()]
-    import io
-
-    from PIL import Image
     for fmt in ("GIF", "BMP"):
         buffer = io.BytesIO()
         Image.fromarray(image.numpy()).save(buffer, format=fmt)

@@ -146,18 +146,18 @@ def test_smoke_run_starts_the_server_and_meets_the_shipped_slo(model_base, tmp_p
 @pytest.mark.slow
 def test_impossible_slo_fails_naming_each_breach(server, corpus, tmp_path):
     slo = tmp_path / "impossible.toml"
-    slo.write_text("[endpoints.rest_classify_image]\np95_ms = 1\n[endpoints.grpc_predict]\np95_ms = 1\n"
+    slo.write_text("[endpoints.rest_classify_image]\np95_ms = 1\n[endpoints.v2_infer]\np95_ms = 1\n"
                    "[total]\nmin_rps = 1000000\n")
     result = petal_loadtest("--host", server.host, "--grpc-host", server.grpc_host, "--images", str(corpus),
                             "--slo", str(slo), "--users", "2", "--run-time", "3s", "--report_dir", str(tmp_path))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "loadtest FAILED: 3 SLO breach(es)" in result.stderr
-    assert "rest_classify_image p95 " in result.stderr and "grpc_predict p95 " in result.stderr
+    assert "rest_classify_image p95 " in result.stderr and "v2_infer p95 " in result.stderr
     assert "> limit 1 ms" in result.stderr
     assert "total throughput" in result.stderr and "< minimum 1e+06 req/s" in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["passed"] is False and len(summary["breaches"]) == 3
-    assert summary["endpoints"]["grpc_predict"]["failures"] == 0  # slow, not broken: only latency breached
+    assert summary["endpoints"]["v2_infer"]["failures"] == 0  # slow, not broken: only latency breached
 
 
 @pytest.mark.slow
@@ -188,8 +188,8 @@ def test_a_server_that_never_answers_fails(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_a_server_that_does_not_start_fails(model_base, corpus, tmp_path):
-    result = petal_loadtest("--start-server", "--model_base_path", str(model_base), "--server_flags",
-                            "--no_such_flag", "--images", str(corpus), "--run-time", "2s", "--report_dir",
+    result = petal_loadtest("--start-server", "--model_base_path", str(model_base), "--server_flags=--no_such_flag",
+                            "--images", str(corpus), "--run-time", "2s", "--report_dir",
                             str(tmp_path))
     assert result.returncode == 1
     assert "server did not start: `petal serve` exited with code" in result.stderr

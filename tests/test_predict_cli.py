@@ -1,4 +1,5 @@
-"""`petal predict` in-process (no server): the real console script on real JPEG files and a real SavedModel."""
+"""`petal predict` without a server: the real console script (and its main() for the cheaper cases) on real
+JPEG files and a real SavedModel."""
 from __future__ import annotations
 
 import json
@@ -10,20 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training.export import export_saved_model
-from training.models import build_model
+from server_harness import tiny_model_base
+from serving import predict as predict_cli
 from training.synth import CLASSES, render
 
-IMAGE_SIZE = 32
 PETAL = os.path.join(os.path.dirname(sys.executable), "petal")
 
 
 @pytest.fixture(scope="module")
-def model_base(tmp_path_factory) -> str:
-    base = str(tmp_path_factory.mktemp("models") / "flowers")
-    tf.keras.utils.set_random_seed(3)
-    export_saved_model(build_model("compact", len(CLASSES), IMAGE_SIZE), base, list(CLASSES), IMAGE_SIZE)
-    return base
+def model_base() -> str:
+    return tiny_model_base()
 
 
 @pytest.fixture(scope="module")
@@ -54,23 +51,23 @@ def test_json_matches_the_signature(model_base, image_files):
         np.testing.assert_allclose([p["score"] for p in line["predictions"]], probabilities[best], rtol=1e-5)
 
 
-def test_table_and_bad_image(model_base, image_files, tmp_path):
+def test_table_and_bad_image(model_base, image_files, tmp_path, capsys):
     bad = tmp_path / "notes.jpg"
     bad.write_bytes(b"this is text, not a JPEG")
-    result = petal_predict(image_files[0], str(bad), "--model_base_path", model_base, "--top_k", "3")
-    assert result.returncode == 1
-    lines = result.stdout.splitlines()
+    assert predict_cli.main([image_files[0], str(bad), "--model_base_path", model_base, "--top_k", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["IMAGE", "RANK", "LABEL", "SCORE"]
     ranks = [line.split()[1] for line in lines[1:] if line.startswith(image_files[0])]
     assert ranks == ["1", "2", "3"]
     [error_line] = [line for line in lines if line.startswith(str(bad))]
-    assert "INVALID_ARGUMENT" in error_line and "image" in error_line.lower()
+    assert "INVALID_ARGUMENT" in error_line and "image file format" in error_line
 
 
-def test_clear_errors_for_missing_model_and_file(tmp_path, image_files):
-    result = petal_predict(image_files[0], "--model_base_path", str(tmp_path / "none"))
-    assert result.returncode == 1 and "no SavedModel" in result.stderr
-    result = petal_predict(str(tmp_path / "missing.jpg"))
-    assert result.returncode == 2 and "cannot read" in result.stderr
-    result = petal_predict(image_files[0], "--grpc")
-    assert result.returncode == 2 and "--grpc needs --server" in result.stderr
+def test_clear_errors_for_missing_model_and_file(tmp_path, image_files, capsys):
+    assert predict_cli.main([image_files[0], "--model_base_path", str(tmp_path / "none")]) == 1
+    assert "no SavedModel" in capsys.readouterr().err
+    assert predict_cli.main([str(tmp_path / "missing.jpg")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        predict_cli.main([image_files[0], "--grpc"])
+    assert info.value.code == 2 and "--grpc needs --server" in capsys.readouterr().err

@@ -85,6 +85,8 @@ def test_defaults_are_inherited_and_overridable():
     ("[totals]\np95_ms = 1\n[endpoints.rest_predict]", "unknown table(s) totals"),
     ("[total]\np95_ms = 1", "needs at least one [endpoints.NAME]"),
     ("[endpoints.rest_predict\n", "not valid TOML"),
+    ("total = 5\n[endpoints.rest_predict]", "[total] must be a table"),
+    ("[endpoints]\nrest_predict = 5", "[endpoints.rest_predict] must be a table"),
 ])
 def test_bad_slo_files_are_rejected_with_the_reason(text, message):
     with pytest.raises(SLOError, match="slo.toml") as error:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 LABELS_FILE = "labels.txt"
 WARMUP_FILE = "tf_serving_warmup_requests"
 DEFAULT_MODEL_NAME = "flowers"
+MAX_WARMUP_IMAGES = 5
 
 
 class _Servable(tf.Module):
@@ -155,11 +156,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--export_dir", required=True, help="writes <export_dir>/<model_name>/<version>/")
     parser.add_argument("--model_name", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--version", type=int, default=None, help="default: one more than the highest existing")
+    parser.add_argument("--warmup_images", default=None,
+                        help="glob of a few image files for the warmup requests (default: generated JPEGs)")
     args = parser.parse_args(argv)
     try:
+        warmup = None
+        if args.warmup_images:
+            files = sorted(tf.io.gfile.glob(args.warmup_images))[:MAX_WARMUP_IMAGES]
+            if not files:
+                raise FileNotFoundError(f"no files match --warmup_images {args.warmup_images!r}")
+            warmup = [tf.io.gfile.GFile(f, "rb").read() for f in files]
         model, config = restore_for_export(args.checkpoint_dir)
         path = export_saved_model(model, os.path.join(args.export_dir, args.model_name), list(config.labels),
-                                  config.image_size, version=args.version)
+                                  config.image_size, version=args.version, warmup_images=warmup)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"petal export: {e}", file=sys.stderr)
         return 1

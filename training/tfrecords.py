@@ -13,8 +13,6 @@ subfolder per class. Outputs in `--output_dir`: `train-00000-of-0000N` and `eval
 for every row that could not be converted. Bad rows never fail the job, and for each split the rows read always
 equal the records written plus the errors.
 """
-from __future__ import annotations
-
 import argparse
 import csv
 import io
@@ -32,6 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
 log = logging.getLogger(__name__)
@@ -231,7 +230,7 @@ def build(pipeline: beam.Pipeline, sources: dict[str, str], labels: list[str], o
                                                  shard_name_template=""))
 
 
-def counts(result: beam.runners.runner.PipelineResult, split: str) -> Counts | None:
+def counts(result: PipelineResult, split: str) -> Counts | None:
     """The job's counters for a split, or None on a runner that does not report metrics."""
     try:
         found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
@@ -329,7 +328,11 @@ def main(argv: list[str]) -> int:
         print("petal tfrecords: error: no labels found; pass --labels_file", file=sys.stderr)
         return 2
     num_shards = {"train": args.num_shards, "eval": args.eval_num_shards or args.num_shards}
-    results = run(sources, args.output_dir, labels, num_shards, beam_args)
+    try:
+        results = run(sources, args.output_dir, labels, num_shards, beam_args)
+    except ValueError as e:  # Beam's answer to a bad pipeline option, e.g. an unknown --runner.
+        print(f"petal tfrecords: error: {e}", file=sys.stderr)
+        return 2
     for split, found in results.items():
         if found is None:
             print(f"{split}: this runner reports no counters; see its console")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -20,9 +19,10 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from training.export import DEFAULT_MODEL_NAME, export_saved_model
+from training.export import DEFAULT_MODEL_NAME, MAX_WARMUP_IMAGES, export_saved_model
 from training.input import input_fn
 from training.models import DEFAULT_MODEL, MODEL_NAMES, ModelConfig
+from training.preprocessing import FEATURES
 from training.strategy import (MIXED_PRECISION, is_chief, per_replica_batch_size, resolve_strategy,
                                set_mixed_precision)
 
@@ -73,7 +73,7 @@ def _files(pattern: str) -> list[str]:
     return files
 
 
-def _distributed_input(strategy: tf.distribute.Strategy, config: TrainConfig,
+def distributed_input(strategy: tf.distribute.Strategy, config: TrainConfig,
                        training: bool) -> tuple[tf.distribute.DistributedDataset, int]:
     """Per-replica batches, one input pipeline per worker; returns the dataset and the number of pipelines.
 
@@ -203,6 +203,12 @@ def _record_eval(trainer: Trainer, results: dict, writer) -> None:
     writer.flush()
 
 
+def _eval_images(config: TrainConfig, count: int) -> list[bytes]:
+    """The first few eval images: real inputs for the export's warmup requests."""
+    records = tf.data.TFRecordDataset(_files(config.eval_data_paths)).take(count)
+    return [tf.io.parse_single_example(r, FEATURES)["image/encoded"].numpy() for r in records]
+
+
 def export(trainer: Trainer) -> str | None:
     """Chief only: a float32, NHWC copy of the weights as version <global step>, unless that version exists."""
     config = trainer.config
@@ -217,7 +223,8 @@ def export(trainer: Trainer) -> str | None:
         model.set_weights(trainer.model.get_weights())
     finally:
         keras.mixed_precision.set_global_policy(policy)
-    path = export_saved_model(model, base, list(config.labels), config.image_size, version=version)
+    path = export_saved_model(model, base, list(config.labels), config.image_size, version=version,
+                              warmup_images=_eval_images(config, MAX_WARMUP_IMAGES))
     print(f"exported {path}", flush=True)
     return path
 
@@ -229,8 +236,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy) ->
     if trainer.chief:
         config.model_config.save(config.output_dir)
     step = trainer.restore()
-    train_data = iter(_distributed_input(strategy, config, training=True)[0])
-    eval_data, eval_pipelines = _distributed_input(strategy, config, training=False)
+    train_data = iter(distributed_input(strategy, config, training=True)[0])
+    eval_data, eval_pipelines = distributed_input(strategy, config, training=False)
     writers = ({name: tf.summary.create_file_writer(os.path.join(config.output_dir, name))
                 for name in ("train", "eval")} if trainer.chief else
                {name: tf.summary.create_noop_writer() for name in ("train", "eval")})

@@ -132,7 +132,7 @@ def check_serving(base: str, model: str, model_dir: str, runner_pid: int, timeou
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    config = commands.add_parser("config", help="check the image config (JSON on stdin)")
+    config = commands.add_parser("config", help="check the image config (`buildah inspect --type image` on stdin)")
     config.add_argument("--argv", choices=["entrypoint", "healthcheck"],
                         help="after checking, print this command line NUL-separated for bash")
     serve = commands.add_parser("serve", help="check the running container over HTTP")
@@ -144,7 +144,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "config":
-            image_config = json.load(sys.stdin)
+            try:
+                image_config = json.load(sys.stdin)["Docker"]["config"]
+            except (ValueError, KeyError, TypeError) as error:
+                raise CheckFailed(f"stdin is not `buildah inspect --type image` output: {error!r}") from None
             check_config(image_config)
             if args.argv:
                 sys.stdout.write("\0".join(argv_of(image_config, args.argv)) + "\0")

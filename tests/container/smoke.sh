@@ -12,6 +12,7 @@
 #   PETAL_SMOKE_CACHE    where the debootstrap tarball is kept between runs (default: /var/cache/petal-smoke)
 #   PETAL_SMOKE_IMAGE    tag to build (default: localhost/petal:smoke)
 #   PYTHON               interpreter with Petal installed, for the checks (default: .venv/bin/python)
+#   PETAL_SMOKE_REUSE_IMAGE=1  skip the build when the image already exists (to iterate on the run checks)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -107,20 +108,24 @@ build_image() {
     local volumes=()
     mapfile -d '' volumes < <(pip_trust_volumes)
     log "buildah bud $CONTEXT -> $IMAGE (build steps follow, full log on failure)"
-    buildah bud --isolation chroot --format docker --layers --pull=never "${volumes[@]}" \
+    buildah bud --isolation chroot --format docker --pull=never "${volumes[@]}" \
         -f "$CONTEXT/Dockerfile" -t "$IMAGE" "$CONTEXT" 2>&1 \
-        | tee "$WORK/build.log" | grep --line-buffered -E '^(STEP [0-9]+/[0-9]+: (FROM|RUN|COPY))' >&2
+        | tee "$WORK/build.log" | while IFS= read -r line; do
+            if [[ $line =~ ^(\[[0-9]+/[0-9]+\]\ )?STEP\ [0-9]+/[0-9]+:\ (FROM|RUN|COPY) ]]; then log "${line:0:110}"; fi
+        done
     log "built $IMAGE: $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
 }
 
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# The topmost process under buildah's runner that is the server itself; the entrypoint's exec makes it the shell.
+# The server: the topmost process under buildah's runner running `petal serve` (buildah's own helper processes
+# carry the entrypoint's text in their arguments too, so match on the program and subcommand).
 find_server() {
-    local deadline=$((SECONDS + 60)) pid
+    local deadline=$((SECONDS + 60)) pid argv
     while ((SECONDS < deadline)); do
         for pid in $(descendants "$RUNNER"); do
-            if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'petal serve'; then
+            mapfile -d '' argv <"/proc/$pid/cmdline" 2>/dev/null || continue
+            if [[ ${#argv[@]} -ge 3 && ${argv[1]} == */petal && ${argv[2]} == serve ]]; then
                 echo "$pid"
                 return
             fi
@@ -141,11 +146,15 @@ descendants() {
 main() {
     install_tools
     [[ -d $CONTEXT/exported_models/flowers ]] || { log "no default model at $CONTEXT/exported_models/flowers"; exit 1; }
-    import_base_image
-    build_image
+    if [[ -n ${PETAL_SMOKE_REUSE_IMAGE:-} ]] && buildah inspect --type image "$IMAGE" >/dev/null 2>&1; then
+        log "reusing $IMAGE (PETAL_SMOKE_REUSE_IMAGE is set)"
+    else
+        import_base_image
+        build_image
+    fi
 
     local config
-    config=$(buildah inspect --type image --format '{{json .Docker.Config}}' "$IMAGE")
+    config=$(buildah inspect --type image "$IMAGE")
     "${CHECK[@]}" config <<<"$config"
     local entrypoint=() healthcheck=()
     mapfile -d '' entrypoint < <("${CHECK[@]}" config --argv entrypoint <<<"$config")
@@ -161,10 +170,12 @@ main() {
         --rest_api_port="$rest" --port="$grpc" --graceful_timeout="$GRACEFUL_TIMEOUT" >"$WORK/server.log" 2>&1 &
     RUNNER=$!
     SERVER=$(find_server) || { log "no 'petal serve' process appeared under buildah run"; exit 1; }
-    local argv0 uid
-    argv0=$(tr '\0' '\n' <"/proc/$SERVER/cmdline" | head -n 1)
+    # exec in the entrypoint means no shell sits between buildah's exec helper and the server to swallow SIGTERM.
+    local parent uid
+    parent=$(ps -o comm= -p "$(ps -o ppid= -p "$SERVER")")
     uid=$(awk '/^Uid:/ {print $2}' "/proc/$SERVER/status")
-    [[ $argv0 != */sh && $uid == 10001 ]] || { log "server is $argv0 as uid $uid, expected exec'd python as 10001"; exit 1; }
+    [[ $parent != *sh && $uid == 10001 ]] || { log "server runs under $parent as uid $uid, expected exec'd, uid 10001"; exit 1; }
+    log "server pid $SERVER runs as uid $uid directly under $parent"
 
     "${CHECK[@]}" serve --url "http://127.0.0.1:$rest" --model_dir "$CONTEXT/exported_models/flowers" \
         --runner_pid "$RUNNER"

@@ -1,0 +1,161 @@
+"""serving.client against a real server: REST and gRPC answers, clear 4xx errors, and retries of 503 through a
+real HTTP proxy in front of it that answers 503 for its first requests (as a load balancer does while a
+backend restarts)."""
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from server_harness import free_port, run_server, tiny_model_base
+from serving.client import Client, RequestError, ServerError, predict
+from training.synth import CLASSES, render
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server():
+    with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def images() -> list[bytes]:
+    return [render(label, seed=31, size=(44, 44)) for label in CLASSES[2:5]]
+
+
+@pytest.fixture(scope="module")
+def expected(images) -> list[list[tuple[str, float]]]:
+    signature = tf.saved_model.load(f"{tiny_model_base()}/1").signatures["serving_default"]
+    probabilities = signature(image_bytes=tf.constant(images))["probabilities"].numpy()
+    return [[(CLASSES[i], float(row[i])) for i in np.argsort(-row, kind="stable")] for row in probabilities]
+
+
+class FlakyProxy(http.server.ThreadingHTTPServer):
+    """Answers the first `failures` POSTs with 503 (optionally after `delay` seconds), then forwards upstream."""
+
+    def __init__(self, upstream: str, failures: int, delay: float = 0.0) -> None:
+        self.upstream, self.failures, self.delay, self.seen = upstream, failures, delay, 0
+        super().__init__(("127.0.0.1", 0), ProxyHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+class ProxyHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        proxy: FlakyProxy = self.server  # type: ignore[assignment]
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        proxy.seen += 1
+        time.sleep(proxy.delay)
+        if proxy.seen <= proxy.failures:
+            self.reply(503, b'{"error": "backend restarting"}', {"Content-Type": "application/json"})
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        request = urllib.request.Request(proxy.upstream + self.path, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            self.reply(response.status, response.read(), dict(response.headers))
+
+    def reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            if key.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("use_grpc", [False, True], ids=["rest", "grpc"])
+def test_predict_top_k_matches_in_process(server, images, expected, use_grpc):
+    address = server.grpc_target if use_grpc else server.rest_url
+    with Client(address, use_grpc=use_grpc) as client:
+        predictions = client.predict(images, top_k=2)
+    assert len(predictions) == len(images)
+    for prediction, ranked in zip(predictions, expected):
+        assert [label for label, _ in prediction.top_k] == [label for label, _ in ranked[:2]]
+        np.testing.assert_allclose([s for _, s in prediction.top_k], [s for _, s in ranked[:2]], rtol=1e-4)
+        assert (prediction.label, prediction.score) == prediction.top_k[0]
+
+
+def test_module_level_predict_and_file_paths(server, images, expected, tmp_path):
+    path = tmp_path / "flower.jpg"
+    path.write_bytes(images[0])
+    [prediction] = predict([str(path)], server.rest_url.removeprefix("http://"), top_k=1)
+    assert prediction.label == expected[0][0][0]
+
+
+@pytest.mark.parametrize("use_grpc", [False, True], ids=["rest", "grpc"])
+def test_client_errors_are_request_errors(server, images, use_grpc):
+    address = server.grpc_target if use_grpc else server.rest_url
+    with Client(address, use_grpc=use_grpc) as client:
+        with pytest.raises(RequestError) as info:
+            client.predict([images[0], b"not an image"])
+        assert info.value.code == ("INVALID_ARGUMENT" if use_grpc else "HTTP 400")
+    with Client(address, use_grpc=use_grpc, model="nope") as client:
+        with pytest.raises(RequestError) as info:
+            client.predict(images[:1])
+        assert info.value.code == ("NOT_FOUND" if use_grpc else "HTTP 404") and "nope" in info.value.message
+
+
+def test_retries_503_then_succeeds(server, images, expected):
+    proxy = FlakyProxy(server.rest_url, failures=2)
+    try:
+        with Client(proxy.address, retries=3, backoff=0.01) as client:
+            [prediction] = client.predict(images[:1], top_k=1)
+        assert prediction.label == expected[0][0][0]
+        assert proxy.seen == 3
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def test_gives_up_after_the_retries(server, images):
+    proxy = FlakyProxy(server.rest_url, failures=10)
+    try:
+        with Client(proxy.address, retries=2, backoff=0.01) as client:
+            with pytest.raises(ServerError) as info:
+                client.predict(images[:1])
+        assert info.value.code == "HTTP 503" and "restarting" in info.value.message
+        assert proxy.seen == 3
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def test_timeout_is_a_server_error(server, images):
+    proxy = FlakyProxy(server.rest_url, failures=0, delay=2.0)
+    try:
+        started = time.monotonic()
+        with Client(proxy.address, timeout=0.3) as client:
+            with pytest.raises(ServerError) as info:
+                client.predict(images[:1])
+        assert info.value.code == "DEADLINE_EXCEEDED"
+        assert time.monotonic() - started < 1.5
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+@pytest.mark.parametrize("use_grpc", [False, True], ids=["rest", "grpc"])
+def test_nothing_listening_is_unavailable_after_backoff(images, use_grpc):
+    with Client(f"127.0.0.1:{free_port()}", use_grpc=use_grpc, retries=2, backoff=0.05, timeout=10) as client:
+        with pytest.raises(ServerError) as info:
+            client.predict(images[:1])
+    assert info.value.code == "UNAVAILABLE"
+
+
+def test_top_k_must_be_positive():
+    with Client("127.0.0.1:1") as client, pytest.raises(ValueError):
+        client.predict([b"x"], top_k=0)

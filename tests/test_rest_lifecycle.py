@@ -1,0 +1,134 @@
+"""Warmup before readiness, hot reload under load, a broken version, and SIGTERM draining, on one real server."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+from server_harness import copy_model, jpeg, run_server
+
+WARMUP_RECORDS = 200
+pytestmark = pytest.mark.slow
+
+
+def write_warmup(version_dir: str, count: int) -> None:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "flowers"
+    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg()], dtype=tf.string))
+    record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+    with tf.io.TFRecordWriter(os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")) as writer:
+        for _ in range(count):
+            writer.write(record.SerializeToString())
+
+
+def classify(url: str, timeout: float = 30) -> requests.Response:
+    return requests.post(url + "/v1/models/flowers:classify_image", data=jpeg(), timeout=timeout,
+                         headers={"Content-Type": "image/jpeg"})
+
+
+def versions(url: str) -> dict[str, dict]:
+    return {s["version"]: s for s in requests.get(url + "/v1/models/flowers", timeout=10).json()
+            ["model_version_status"]}
+
+
+def wait_for(predicate, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def lifecycle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lifecycle")
+    base = str(root / "flowers")
+    write_warmup(copy_model(str(root / "staging"), 1), WARMUP_RECORDS)
+    os.makedirs(base)
+    os.rename(str(root / "staging" / "1"), os.path.join(base, "1"))
+    batching = root / "batching.config"
+    batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 300000 } "
+                        "num_batch_threads { value: 2 }")
+    with run_server(f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.3",
+                    f"--batching_parameters_file={batching}", "--graceful_timeout=20", "--port=0",
+                    wait_ready=False) as server:
+        yield server, base
+
+
+def test_readiness_waits_for_warmup(lifecycle):
+    server, _ = lifecycle
+    first = requests.get(server.rest_url + "/readyz", timeout=10)
+    assert first.status_code == 503 and "error" in first.json()
+    assert requests.get(server.rest_url + "/v2/health/ready", timeout=10).status_code == 503
+    assert requests.get(server.rest_url + "/healthz", timeout=10).status_code == 200
+    wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
+    assert versions(server.rest_url)["1"]["state"] == "AVAILABLE"
+    metrics = requests.get(server.rest_url + "/monitoring/prometheus/metrics", timeout=10).text
+    assert f':petal:serving:warmup_requests{{model_name="flowers",version="1"}} {WARMUP_RECORDS}' in metrics
+
+
+def test_hot_reload_under_load_loses_nothing(lifecycle):
+    server, base = lifecycle
+    wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
+    seen, failures, stop = [], [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            response = classify(server.rest_url)
+            if response.status_code == 200:
+                seen.append(response.json()["version"])
+            else:
+                failures.append(response.text)
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    copy_model(base, 2)
+    wait_for(lambda: versions(server.rest_url).get("1", {}).get("state") == "END")
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert seen[0] == 1 and seen[-1] == 2 and sorted(seen) == seen, "the version switches once, 1 -> 2"
+
+
+def test_broken_version_is_reported_and_service_continues(lifecycle):
+    server, base = lifecycle
+    staging = os.path.join(os.path.dirname(base), "broken")
+    os.makedirs(staging)
+    with open(os.path.join(staging, "saved_model.pb"), "wb") as f:
+        f.write(b"not a saved model")
+    os.rename(staging, os.path.join(base, "3"))
+    wait_for(lambda: versions(server.rest_url).get("3", {}).get("state") == "END")
+    status = versions(server.rest_url)
+    assert status["3"]["status"]["error_code"] != "OK" and status["3"]["status"]["error_message"]
+    assert status["2"]["state"] == "AVAILABLE"
+    assert requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200
+    response = classify(server.rest_url)
+    assert response.status_code == 200 and response.json()["version"] == 2
+
+
+def test_sigterm_finishes_requests_in_flight(lifecycle):
+    server, _ = lifecycle
+    results = []
+
+    def send():
+        try:
+            results.append(classify(server.rest_url).status_code)
+        except requests.RequestException as error:
+            results.append(repr(error))
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.15)  # all six are now waiting in the 300 ms batch window
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join()
+    assert results == [200] * 6
+    assert server.proc.wait(30) == 0
+    assert time.monotonic() - started < 20
