@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from test_train import BATCH, NUM_EVAL, SIZE, eval_results, tiny_data, train_args  # noqa: F401 (fixture)
+from training_data import BATCH, NUM_EVAL, SIZE, eval_results, train_args
 
 REPLICAS = 4
 

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing import Pool
+import multiprocessing
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -348,7 +348,8 @@ def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float =
     jobs = [(output_dir, item, min_size, max_size) for item in items]
     started = time.monotonic()
     step = max(1, num_images // 20)
-    with Pool(workers) if workers > 1 else _Serial() as pool:
+    # Spawned, not forked: a caller may already run TensorFlow threads, and forking those can deadlock.
+    with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else _Serial() as pool:
         for done, _ in enumerate(pool.imap(_write_item, jobs, chunksize=16), start=1):
             if done % step == 0 or done == num_images:
                 elapsed = time.monotonic() - started
