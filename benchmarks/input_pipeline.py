@@ -100,7 +100,8 @@ def main() -> int:
         }
         rates: dict[str, list[Rate]] = {name: [] for name in pipelines}
         for round_ in range(1, args.rounds + 1):
-            for name, make in pipelines.items():
+            order = list(pipelines.items())
+            for name, make in order if round_ % 2 else reversed(order):  # Neither always goes first.
                 rate = measure(make(), args.batches, args.batch_size)
                 rates[name].append(rate)
                 print(f"round {round_}: {name:<22} {rate.wall:8.1f} images/s  {rate.cpu:8.1f} images/CPU-s",

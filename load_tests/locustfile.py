@@ -117,6 +117,9 @@ class _RestUser(FastHttpUser):
         body = random.choice(self.bodies)
         with self.client.post(self.path, data=body, headers={"Content-Type": self.content_type},
                               name=self.endpoint, catch_response=True) as response:
+            if not response.status_code:  # no HTTP answer at all: refused, reset or timed out
+                response.failure(f"connection failed: {response.error!r}")
+                return
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {_error_message(response.content or b'')}")
                 return

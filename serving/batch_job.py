@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 RESULTS_PREFIX = "prediction.results"
 ERRORS_PREFIX = "prediction.errors_stats"
 ERRORS = "errors"
+WORK_STAMPS = "work_ms"
 PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr; keep them as quiet as petal's logs unless -v asked for more.
 QUIET_WORKER_LOG_LEVEL = "WARNING"
@@ -88,7 +89,7 @@ def clean_tf_message(message: str) -> str:
 def stamp_work() -> None:
     """Records the wall clock in a distribution: its min (first decode) and max (last row out) bound the
     processing time across all workers, so throughput can be reported without the workers' start-up."""
-    Metrics.distribution(METRICS_NAMESPACE, "work_ms").update(int(time.time() * 1000))
+    Metrics.distribution(METRICS_NAMESPACE, WORK_STAMPS).update(int(time.time() * 1000))
 
 
 class DecodeImages(beam.DoFn):
@@ -190,7 +191,8 @@ def job_metrics(result: beam.runners.runner.PipelineResult) -> tuple[dict[str, i
     totals: dict[str, int] = {}
     for counter in query["counters"]:
         totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (counter.committed or 0)
-    stamps = [d.committed for d in query["distributions"] if d.committed and d.committed.count]
+    stamps = [d.committed for d in query["distributions"]
+              if d.key.metric.name == WORK_STAMPS and d.committed and d.committed.count]
     span_ms = max(d.max for d in stamps) - min(d.min for d in stamps) if stamps else 0
     return totals, span_ms / 1000
 

@@ -319,6 +319,8 @@ def main(argv: list[str]) -> int:
     if args.sweep and levels[0] < active:
         print(f"sweep: skipping levels below {active} users, one per endpoint with traffic", file=sys.stderr)
         levels = [n for n in levels if n >= active]
+    if args.images and not args.images.is_dir():
+        parser.error(f"--images {args.images}: not a folder")
     report_dir: Path = args.report_dir.resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
     images = args.images.resolve() if args.images else make_corpus(report_dir / "corpus", args.image_sizes)

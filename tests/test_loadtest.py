@@ -94,6 +94,12 @@ def test_fewer_users_than_endpoints_is_a_usage_error(tmp_path):
     assert "--users 2 is fewer than the 4 endpoints with traffic" in result.stderr
 
 
+def test_missing_image_folder_is_a_usage_error(tmp_path):
+    result = petal_loadtest("--images", str(tmp_path / "nope"), "--report_dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "nope: not a folder" in result.stderr
+
+
 def test_bad_slo_file_is_a_usage_error(tmp_path):
     slo = tmp_path / "slo.toml"
     slo.write_text("[endpoints.rest_predict]\np95 = 100\n")
@@ -183,7 +189,13 @@ def test_a_server_that_never_answers_fails(corpus, tmp_path):
                             "--report_dir", str(tmp_path))
     assert result.returncode == 1
     assert "every request failed" in result.stderr
-    assert json.loads((tmp_path / "summary.json").read_text())["passed"] is False
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["passed"] is False
+    grpc_stats = summary["endpoints"]["grpc_predict"]
+    assert grpc_stats["requests"] > 0 and grpc_stats["failures"] == grpc_stats["requests"]
+    failures = (tmp_path / "locust_failures.csv").read_text()
+    assert "GrpcError('UNAVAILABLE: " in failures  # the status code and message, not grpc's repr
+    assert "connection failed: ConnectionRefusedError" in failures
 
 
 @pytest.mark.slow

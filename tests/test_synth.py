@@ -67,8 +67,8 @@ def test_generate_writes_balanced_classes_and_splits(dataset):
     assert (len(train), len(eval_)) == (dataset.num_train, dataset.num_eval) and len(train) + len(eval_) == 53
     per_class = Counter(label for _, label in train + eval_)
     assert set(per_class) == set(synth.CLASSES) and max(per_class.values()) - min(per_class.values()) <= 1
-    eval_per_class = Counter(label for _, label in eval_)
-    assert set(eval_per_class) == set(synth.CLASSES) and max(eval_per_class.values()) - min(eval_per_class.values()) <= 1
+    in_eval = Counter(label for _, label in eval_)
+    assert set(in_eval) == set(synth.CLASSES) and max(in_eval.values()) - min(in_eval.values()) <= 1
     assert not {p for p, _ in train} & {p for p, _ in eval_}
     with open(dataset.labels_file) as f:
         assert f.read().split("\n")[:-1] == list(synth.CLASSES)

@@ -6,6 +6,7 @@ import io
 import json
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
@@ -59,6 +60,7 @@ def messy(tmp_path_factory):
     converted = {
         "daisy/alpha.png": _encode(photo.convert("RGBA"), "PNG"),
         "daisy/grey.jpg": _encode(photo.convert("L"), "JPEG"),
+        "daisy/grey16.png": _encode(Image.fromarray(np.asarray(photo.convert("L")).astype(np.uint16) * 257), "PNG"),
         "roses/cmyk.jpg": _encode(photo.convert("CMYK"), "JPEG"),
         "roses/palette.gif": _encode(photo.convert("P"), "GIF"),
         "tulips/plain.bmp": _encode(photo, "BMP"),

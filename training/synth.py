@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 import multiprocessing
 
@@ -336,6 +336,17 @@ def _write_item(job: tuple[str, Item, int, int]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _report_progress(done: Iterator[None], total: int) -> None:
+    """Drain the image writers, logging about 20 progress lines on the way."""
+    started = time.monotonic()
+    step = max(1, total // 20)
+    for count, _ in enumerate(done, start=1):
+        if count % step == 0 or count == total:
+            rate = count / max(time.monotonic() - started, 1e-9)
+            log.info("synth progress", extra={"fields": {"done": count, "total": total,
+                                                          "images_per_s": round(rate, 1)}})
+
+
 def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float = 0.2, min_size: int = 200,
              max_size: int = 640, workers: int = 1) -> Dataset:
     """Write the dataset (see the module docstring for the layout); rerunning with the same flags rewrites the
@@ -346,15 +357,12 @@ def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float =
     for name in CLASSES:
         os.makedirs(os.path.join(output_dir, name), exist_ok=True)
     jobs = [(output_dir, item, min_size, max_size) for item in items]
-    started = time.monotonic()
-    step = max(1, num_images // 20)
-    # Spawned, not forked: a caller may already run TensorFlow threads, and forking those can deadlock.
-    with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else _Serial() as pool:
-        for done, _ in enumerate(pool.imap(_write_item, jobs, chunksize=16), start=1):
-            if done % step == 0 or done == num_images:
-                elapsed = time.monotonic() - started
-                log.info("synth progress", extra={"fields": {
-                    "done": done, "total": num_images, "images_per_s": round(done / max(elapsed, 1e-9), 1)}})
+    if workers > 1:
+        # Spawned, not forked: a caller may already run TensorFlow threads, and forking those can deadlock.
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            _report_progress(pool.imap(_write_item, jobs, chunksize=16), num_images)
+    else:
+        _report_progress(map(_write_item, jobs), num_images)
     for name, in_eval in ((TRAIN_CSV, False), (EVAL_CSV, True)):
         with open(os.path.join(output_dir, name), "w", newline="") as f:
             csv.writer(f).writerows((item.path, CLASSES[item.label]) for item in items if item.eval == in_eval)
@@ -363,20 +371,6 @@ def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float =
     num_eval = sum(item.eval for item in items)
     return Dataset(output_dir, os.path.join(output_dir, TRAIN_CSV), os.path.join(output_dir, EVAL_CSV),
                    os.path.join(output_dir, LABELS_FILE), num_images - num_eval, num_eval)
-
-
-class _Serial:
-    """The single-process stand-in for a Pool, so that one worker needs no subprocesses."""
-
-    def __enter__(self) -> _Serial:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    @staticmethod
-    def imap(fn: Callable, jobs: list, chunksize: int = 1):
-        return map(fn, jobs)
 
 
 def main(argv: list[str]) -> int:

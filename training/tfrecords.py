@@ -103,10 +103,8 @@ def csv_labels(path: str) -> list[str]:
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """Any mode to RGB: CMYK and palette convert, transparency goes onto white, 16-bit grey is scaled down."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        image = image.point(lambda v: v / 256.0, "F") if image.mode == "I" else image.convert("I").point(
-            lambda v: v / 256.0, "F")
-        image = image.convert("L")
+    if image.mode.startswith("I"):
+        image = image.convert("I").point(lambda v: v / 256).convert("L")
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
