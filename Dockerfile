@@ -14,13 +14,16 @@
 # from this same file with PETAL_EXTRAS=test.
 ARG BASE_IMAGE=debian:bookworm-slim
 
-# Build stage: wheels for Petal and every dependency; build tools, pip's cache and the wheels stay here.
-FROM ${BASE_IMAGE} AS build
-ARG PETAL_EXTRAS=""
+# Python from the base's own packages, shared by both stages below.
+FROM ${BASE_IMAGE} AS python
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/build
+    && rm -rf /var/lib/apt/lists/*
+
+# Build stage: wheels for Petal and every dependency; build tools, pip's cache and the wheels stay here.
+FROM python AS build
+ARG PETAL_EXTRAS=""
+RUN python3 -m venv /opt/build
 WORKDIR /src
 COPY pyproject.toml README.md petal.py ./
 COPY training training
@@ -28,19 +31,16 @@ COPY serving serving
 RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/build/bin/pip wheel --wheel-dir /wheels ".${PETAL_EXTRAS:+[$PETAL_EXTRAS]}"
 
-# Runtime stage: the base, its python3, a virtualenv installed from the wheels (mounted, never copied into a layer)
-# and the default model. TensorFlow's 430 MB of C++ headers only serve custom-op builds, so they go.
-FROM ${BASE_IMAGE}
+# Runtime stage: a virtualenv installed from the wheels (mounted, never copied into a layer), a non-root user and
+# the default model. TensorFlow's 430 MB of C++ headers only serve custom-op builds, so they go.
+FROM python
 ARG PETAL_EXTRAS=""
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 10001 --user-group petal
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python3 -m venv /opt/petal \
     && /opt/petal/bin/pip install --no-cache-dir --no-index --find-links /wheels \
         "petal${PETAL_EXTRAS:+[$PETAL_EXTRAS]}" \
-    && rm -rf /opt/petal/lib/python3*/site-packages/tensorflow/include
+    && rm -rf /opt/petal/lib/python3*/site-packages/tensorflow/include \
+    && useradd --create-home --uid 10001 --user-group petal
 COPY --chown=10001:10001 exported_models/flowers /models/flowers
 ENV PATH=/opt/petal/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -53,4 +53,5 @@ EXPOSE 8500 8501
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/readyz', timeout=2)"]
 # exec replaces the shell, so the server is PID 1 and receives SIGTERM itself to drain in-flight requests.
-ENTRYPOINT ["/bin/sh", "-c", "exec petal serve --port=8500 --rest_api_port=8501 --model_name=\"$MODEL_NAME\" --model_base_path=\"$MODEL_BASE_PATH/$MODEL_NAME\" \"$@\"", "petal"]
+ENTRYPOINT ["/bin/sh", "-c", "exec petal serve --port=8500 --rest_api_port=8501 --model_name=\"$MODEL_NAME\" \
+--model_base_path=\"$MODEL_BASE_PATH/$MODEL_NAME\" \"$@\"", "petal"]

@@ -292,7 +292,7 @@ def run(sources: dict[str, str], output_dir: str, labels: list[str], num_shards:
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
-        prog="petal tfrecords", description=__doc__.split("\n\n")[0],
+        prog="petal tfrecords", description=__doc__.split("\n\n")[0], allow_abbrev=False,  # --labels is Beam's.
         epilog="Flags not listed here go to Apache Beam (e.g. --runner, --project, --temp_location).")
     parser.add_argument("--train", "--train_csv", dest="train",
                         help="training images: a CSV of path,label rows or a folder with one subfolder per class")
