@@ -172,6 +172,7 @@ main() {
     SERVER=$(find_server) || { log "no 'petal serve' process appeared under buildah run"; exit 1; }
     # exec in the entrypoint means no shell sits between buildah's exec helper and the server to swallow SIGTERM.
     local parent uid
+    [[ -r /proc/$SERVER/status ]] || { log "the server (pid $SERVER) exited right after it started"; exit 1; }
     parent=$(ps -o comm= -p "$(awk '/^PPid:/ {print $2}' "/proc/$SERVER/status")")
     uid=$(awk '/^Uid:/ {print $2}' "/proc/$SERVER/status")
     [[ $parent != *sh && $uid == 10001 ]] || { log "server runs under $parent as uid $uid, expected exec'd, uid 10001"; exit 1; }
