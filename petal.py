@@ -11,6 +11,8 @@ import logging
 import os
 import sys
 
+PROGRESS_LOGGER = "petal.progress"
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("training.synth", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
     "tfrecords": ("training.tfrecords", "convert JPEGs to sharded TFRecords with Apache Beam"),
@@ -36,11 +38,16 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(verbose: bool) -> None:
-    """Quiet by default: warnings only, and TensorFlow's C++ chatter off unless asked for."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    """Quiet by default: warnings only, and TensorFlow's C++ chatter off unless asked for.
+
+    Long jobs report progress on the `petal.progress` logger, which stays at INFO either way: a conversion or
+    batch job that runs for an hour must show it is alive without turning on every library's INFO logs.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+    logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)
 
 
 def usage() -> str:

@@ -34,6 +34,7 @@ from serving.model_handler import METRICS_NAMESPACE, ModelInfo, SavedModelHandle
 from training.preprocessing import preprocess_eval
 
 logger = logging.getLogger(__name__)
+progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
 
 RESULTS_PREFIX = "prediction.results"
 ERRORS_PREFIX = "prediction.errors_stats"
@@ -79,6 +80,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
     quiet = logging.getLogger().getEffectiveLevel() > logging.INFO
     if quiet and not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args.append(f"--default_sdk_harness_log_level={QUIET_WORKER_LOG_LEVEL}")
+        beam_args.append(f'--sdk_harness_log_level_overrides={{"{progress.name}": "INFO"}}')
     return args, PipelineOptions(beam_args)
 
 
@@ -147,7 +149,7 @@ class FormatRows(beam.DoFn):
         now = time.monotonic()
         if now - self._logged >= PROGRESS_SECONDS:
             self._logged = now
-            logger.info("batch progress", extra={"fields": {
+            progress.info("batch progress", extra={"fields": {
                 "rows_done": self._done, "images_per_s": round(self._done / (now - self._started), 1)}})
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
 
 CLASSES: tuple[str, ...] = ("daisy", "dandelion", "roses", "sunflowers", "tulips")
 TRAIN_CSV = "train_set.csv"
@@ -343,7 +344,7 @@ def _report_progress(done: Iterator[None], total: int) -> None:
     for count, _ in enumerate(done, start=1):
         if count % step == 0 or count == total:
             rate = count / max(time.monotonic() - started, 1e-9)
-            log.info("synth progress", extra={"fields": {"done": count, "total": total,
+            progress.info("synth progress", extra={"fields": {"done": count, "total": total,
                                                           "images_per_s": round(rate, 1)}})
 
 

@@ -34,6 +34,7 @@ from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
 
 NAMESPACE = "petal.tfrecords"
 SPLITS = ("train", "eval")
@@ -168,7 +169,7 @@ class ConvertRow(beam.DoFn):
         self.read.inc()
         self.seen += 1
         if self.seen % PROGRESS_EVERY == 0:
-            log.info("tfrecords progress", extra={"fields": {"split": self.split, "rows_in_this_worker": self.seen}})
+            progress.info("tfrecords progress", extra={"fields": {"split": self.split, "rows_in_this_worker": self.seen}})
         try:
             record = self.convert(row)
         except RowError as e:

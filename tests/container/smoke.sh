@@ -12,7 +12,8 @@
 #   PETAL_SMOKE_CACHE    where the debootstrap tarball is kept between runs (default: /var/cache/petal-smoke)
 #   PETAL_SMOKE_IMAGE    tag to build (default: localhost/petal:smoke)
 #   PYTHON               interpreter with Petal installed, for the checks (default: .venv/bin/python)
-#   PETAL_SMOKE_REUSE_IMAGE=1  skip the build when the image already exists (to iterate on the run checks)
+#   PETAL_SMOKE_REUSE_IMAGE=1  keep the image afterwards, and skip the build when it already exists (to iterate
+#                        on the run checks); by default the image is removed at the end
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,6 +38,8 @@ cleanup() {
     if [[ -n $RUNNER ]] && kill -0 "$RUNNER" 2>/dev/null; then kill -KILL "$RUNNER" 2>/dev/null || true; fi
     if [[ -n $RUNNER ]]; then wait "$RUNNER" 2>/dev/null || true; fi
     if [[ -n $CONTAINER ]]; then buildah rm "$CONTAINER" >/dev/null 2>&1 || true; fi
+    # Each build makes a fresh 2.4 GB image; keep it only when asked to, so repeated runs do not fill the disk.
+    if [[ -z ${PETAL_SMOKE_REUSE_IMAGE:-} ]]; then buildah rmi "$IMAGE" >/dev/null 2>&1 || true; fi
     if ((status != 0)); then
         for f in "$WORK"/*.log; do [[ -s $f ]] && { echo "--- last lines of $f" >&2; tail -n 40 "$f" >&2; }; done
         log "FAILED"
@@ -98,7 +101,9 @@ import_base_image() {
 # trust to the build's RUN steps through bind mounts, which never reach the image's layers.
 pip_trust_volumes() {
     local cert=${PIP_CERT:-}
-    [[ -n $cert ]] || cert=$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -n 1)
+    if [[ -z $cert ]]; then
+        cert=$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -n 1)
+    fi
     [[ -n $cert && -f $cert ]] || return 0
     printf '[global]\ncert = /etc/petal-build-ca.crt\n' >"$WORK/pip.conf"
     printf '%s\0' --volume "$cert:/etc/petal-build-ca.crt:ro" --volume "$WORK/pip.conf:/etc/pip.conf:ro"
@@ -137,6 +142,7 @@ find_server() {
 
 descendants() {
     local child
+    # shellcheck disable=SC2013  # the children files hold space-separated pids, not lines
     for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
         echo "$child"
         descendants "$child"
@@ -144,6 +150,7 @@ descendants() {
 }
 
 main() {
+    ((EUID == 0)) || { log "needs root: debootstrap and buildah's chroot isolation"; exit 1; }
     install_tools
     [[ -d $CONTEXT/exported_models/flowers ]] || { log "no default model at $CONTEXT/exported_models/flowers"; exit 1; }
     if [[ -n ${PETAL_SMOKE_REUSE_IMAGE:-} ]] && buildah inspect --type image "$IMAGE" >/dev/null 2>&1; then
@@ -175,11 +182,18 @@ main() {
     [[ -r /proc/$SERVER/status ]] || { log "the server (pid $SERVER) exited right after it started"; exit 1; }
     parent=$(ps -o comm= -p "$(awk '/^PPid:/ {print $2}' "/proc/$SERVER/status")")
     uid=$(awk '/^Uid:/ {print $2}' "/proc/$SERVER/status")
-    [[ $parent != *sh && $uid == 10001 ]] || { log "server runs under $parent as uid $uid, expected exec'd, uid 10001"; exit 1; }
+    if [[ $parent == *sh || $uid != 10001 ]]; then
+        log "server runs under $parent as uid $uid; expected no shell in between and uid 10001"
+        exit 1
+    fi
     log "server pid $SERVER runs as uid $uid directly under $parent"
 
     "${CHECK[@]}" serve --url "http://127.0.0.1:$rest" --model_dir "$CONTEXT/exported_models/flowers" \
         --runner_pid "$RUNNER"
+    local pids rss_kib
+    pids=$( (echo "$SERVER"; descendants "$SERVER") | paste -s -d ,)
+    rss_kib=$(ps -o rss= -p "$pids" | awk '{s += $1} END {print s}')
+    log "server memory after serving: $((rss_kib / 1024)) MiB RSS (master and worker)"
     # The HEALTHCHECK targets the default REST port; this run moved it, so point the same command at the new one.
     local probe=("${healthcheck[@]//:8501\//:$rest/}")
     buildah run --isolation chroot "$CONTAINER" -- "${probe[@]}" || { log "HEALTHCHECK command failed"; exit 1; }
@@ -194,7 +208,7 @@ main() {
     ((status == 0)) || { log "server exited with status $status after SIGTERM"; exit 1; }
     if grep -q Traceback "$WORK/server.log"; then log "traceback in the server log"; exit 1; fi
     log "SIGTERM drained and exited 0"
-    log "PASSED in $(($(date +%s) - STARTED))s; image $IMAGE is $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
+    log "PASSED in $(($(date +%s) - STARTED))s; $IMAGE is $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
 }
 
 main "$@"
