@@ -1,14 +1,18 @@
-"""Petal's serving speed against the in-process limit and a naive Flask baseline (SPEC §8).
+"""Petal's serving speed against the in-process limit and a naive Flask baseline (SPEC §8), per protocol.
 
-    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers] [--duration 8]
+    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers] [--duration 4]
 
-1. The limit: the exported `serving_default` signature called in this process on pre-encoded JPEG batches
+1. The images are what users send: synthetic flower photos from training.synth.render, 480x360 JPEGs (the
+   primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
+2. The limit: the exported `serving_default` signature called in this process on batches of the same JPEGs
    (best images/s over batch sizes), and its single-image latency.
-2. Petal (`petal serve`, defaults) and the baseline (benchmarks/naive_flask.py) each get a separate load-generator
-   process on loopback: closed loop, keep-alive connections, fixed concurrency, warmup, then a fixed duration,
-   sending the same TF Serving predict body ({"instances": [{"b64": JPEG}]}).
-3. The load generator is checked not to be the bottleneck: its own CPU use is reported, and it is run against a
-   trivial endpoint (/healthz) to show its ceiling is far above the rates measured.
+3. Petal (`petal serve`, defaults) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
+   (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
+   binary BYTES extension; the baseline (benchmarks/naive_flask.py) gets the same REST body. Each run is a
+   separate load-generator process on loopback: closed loop, one connection per client, fixed concurrency,
+   warmup, then a fixed duration, with request bodies built before the clock starts.
+4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
+   health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU share.
 Everything runs side by side in one run, so the ratios hold even though absolute times on a shared machine do not.
 """
 from __future__ import annotations
@@ -18,52 +22,100 @@ import base64
 import http.client
 import json
 import os
+import pickle
 import resource
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
-PREDICT_PATH = "/v1/models/flowers:predict"
+MODEL = "flowers"
+PREDICT_PATH = f"/v1/models/{MODEL}:predict"
+INFER_PATH = f"/v2/models/{MODEL}/infer"
+GRPC_PREDICT = "/tensorflow.serving.PredictionService/Predict"
+GRPC_HEALTH = "/grpc.health.v1.Health/Check"
+PHOTOS = 8  # distinct photos per image set, cycled through by every client
+LIMIT_BATCH_SIZES = (1, 8, 16, 32, 64)
 
 
-# --- load generator (runs in its own process) -----------------------------------------------------------------
+# --- load generator (runs in its own process; imports neither TensorFlow nor the server) ----------------------
 
-def loadgen(port: int, path: str, body: bytes, concurrency: int, duration: float, warmup: float) -> dict:
-    """Closed loop: each thread sends its next request when the previous answer arrives."""
+@dataclass
+class Requests:
+    """What one load-generator run sends: `bodies` cycled per client, over HTTP (method, path, headers) or gRPC."""
+    protocol: str  # "http" or "grpc"
+    port: int
+    path: str
+    bodies: list[bytes]
+    headers: dict[str, str]
+
+
+def _http_client(requests: Requests):
+    conn = http.client.HTTPConnection("127.0.0.1", requests.port, timeout=60)
+    method = "POST" if requests.bodies[0] else "GET"
+
+    def send(body: bytes) -> bool:
+        nonlocal conn
+        try:
+            conn.request(method, requests.path, body=body or None, headers=requests.headers)
+            response = conn.getresponse()
+            response.read()
+            return response.status == 200
+        except OSError:
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", requests.port, timeout=60)
+            return False
+    return send, lambda: conn.close()
+
+
+def _grpc_client(requests: Requests):
+    """Raw bytes in and out (no per-call protobuf work), on a channel of its own, like an independent client."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{requests.port}", options=[
+        ("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20)])
+    call = channel.unary_unary(requests.path)
+
+    def send(body: bytes) -> bool:
+        try:
+            call(body, timeout=60)
+            return True
+        except grpc.RpcError:
+            return False
+    return send, channel.close
+
+
+def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float) -> dict:
+    """Closed loop: each client sends its next request when the previous answer arrives."""
+    clients = [(_grpc_client if requests.protocol == "grpc" else _http_client)(requests)
+               for _ in range(concurrency)]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
     start_at = time.monotonic() + warmup
     stop_at = start_at + duration
-    method = "POST" if body else "GET"
-    headers = {"Content-Type": "application/json"} if body else {}
 
     def worker(i: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        send, _ = clients[i]
+        n = i
         while True:
             sent = time.monotonic()
             if sent >= stop_at:
                 break
-            try:
-                conn.request(method, path, body=body or None, headers=headers)
-                response = conn.getresponse()
-                response.read()
-                ok = response.status == 200
-            except OSError:
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                ok = False
+            ok = send(requests.bodies[n % len(requests.bodies)])
+            n += 1
             done = time.monotonic()
             if sent >= start_at and done <= stop_at:
                 latencies[i].append(done - sent)
                 errors[i] += not ok
-        conn.close()
 
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
@@ -72,50 +124,100 @@ def loadgen(port: int, path: str, body: bytes, concurrency: int, duration: float
     for t in threads:
         t.join()
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    for _, close in clients:
+        close()
     cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     flat = np.array([x for per in latencies for x in per]) * 1000
+    percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
     return {"requests": int(flat.size), "errors": int(sum(errors)), "rps": flat.size / duration,
-            "p50": float(np.percentile(flat, 50)) if flat.size else float("nan"),
-            "p95": float(np.percentile(flat, 95)) if flat.size else float("nan"),
-            "p99": float(np.percentile(flat, 99)) if flat.size else float("nan"),
-            "loadgen_cpu_per_request_ms": 1000 * cpu / max(1, flat.size),
+            "p50": percentile(50), "p95": percentile(95), "p99": percentile(99),
             "loadgen_cpu_share": cpu / (duration + warmup)}
 
 
-def run_loadgen(port: int, path: str, body: bytes, concurrency: int, duration: float, warmup: float) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        f.write(body)
+def run_loadgen(requests: Requests, levels: list[int], duration: float, warmup: float) -> dict[int, dict]:
+    """One load-generator process for every concurrency level of one column (so its start-up is paid once)."""
+    with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
+        pickle.dump(requests, f)
     try:
-        out = subprocess.run([sys.executable, __file__, "--_loadgen", str(port), path, f.name, str(concurrency),
+        out = subprocess.run([sys.executable, __file__, "--_loadgen", f.name, ",".join(map(str, levels)),
                               str(duration), str(warmup)], check=True, capture_output=True, text=True)
     finally:
         os.unlink(f.name)
-    return json.loads(out.stdout)
+    return {int(c): r for c, r in json.loads(out.stdout).items()}
+
+
+def loadgen_main(argv: list[str]) -> int:
+    path, levels, duration, warmup = argv
+    with open(path, "rb") as f:
+        requests = pickle.load(f)
+    print(json.dumps({c: loadgen(requests, int(c), float(duration), float(warmup)) for c in levels.split(",")}))
+    return 0
+
+
+# --- request bodies, one per photo, per protocol --------------------------------------------------------------
+
+def rest_requests(port: int, photos: list[bytes]) -> Requests:
+    bodies = [json.dumps({"instances": [{"b64": base64.b64encode(p).decode()}]}).encode() for p in photos]
+    return Requests("http", port, PREDICT_PATH, bodies, {"Content-Type": "application/json"})
+
+
+def v2_binary_requests(port: int, photos: list[bytes]) -> Requests:
+    """Triton's binary extension: JSON header, then each BYTES element as a 4-byte little-endian length + data."""
+    bodies, lengths = [], set()
+    for photo in photos:
+        raw = struct.pack("<I", len(photo)) + photo
+        header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
+                                         "parameters": {"binary_data_size": len(raw)}}]}).encode()
+        bodies.append(header + raw)
+        lengths.add(len(header))
+    if len(lengths) != 1:  # the header length is a request header, shared by all bodies of a run
+        raise ValueError("V2 headers differ in length")
+    return Requests("http", port, INFER_PATH, bodies, {"Content-Type": "application/octet-stream",
+                                                      "Inference-Header-Content-Length": str(lengths.pop())})
+
+
+def grpc_requests(port: int, photos: list[bytes]) -> Requests:
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    bodies = []
+    for photo in photos:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = MODEL
+        request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([photo]))
+        bodies.append(request.SerializeToString())
+    return Requests("grpc", port, GRPC_PREDICT, bodies, {})
+
+
+def health_requests(protocol: str, port: int) -> Requests:
+    if protocol == "grpc":
+        return Requests("grpc", port, GRPC_HEALTH, [b""], {})  # an empty HealthCheckRequest: service ""
+    return Requests("http", port, "/healthz", [b""], {})
 
 
 # --- the in-process limit -------------------------------------------------------------------------------------
 
-def in_process_limit(model_dir: str, image: bytes, seconds: float) -> tuple[float, int, float]:
-    """(best images/s, at batch size, single-image p50 ms) calling the signature directly."""
+def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> tuple[float, int, float]:
+    """(best images/s, at batch size, single-image p50 ms) calling the signature directly on the same photos."""
     import tensorflow as tf
 
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]
     best, best_size = 0.0, 1
-    for size in (1, 8, 16, 32, 64):
-        batch = tf.constant([image] * size)
-        signature(image_bytes=batch)
+    for size in LIMIT_BATCH_SIZES:
+        batches = [tf.constant([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]
+        signature(image_bytes=batches[0])
         count, started = 0, time.monotonic()
         while time.monotonic() - started < seconds:
-            signature(image_bytes=batch)
+            signature(image_bytes=batches[count // size % len(batches)])["probabilities"].numpy()
             count += size
         rate = count / (time.monotonic() - started)
         if rate > best:
             best, best_size = rate, size
-    single = tf.constant([image])
+    singles = [tf.constant([p]) for p in photos]
     times = []
-    for _ in range(300):
+    for i in range(max(200, int(seconds * 100))):
         started = time.monotonic()
-        signature(image_bytes=single)["probabilities"].numpy()
+        signature(image_bytes=singles[i % len(singles)])["probabilities"].numpy()
         times.append(time.monotonic() - started)
     return best, best_size, float(np.percentile(times, 50) * 1000)
 
@@ -141,82 +243,115 @@ def start_baseline(model_dir: str, port: int) -> subprocess.Popen:
 
 def default_model(image_size: int) -> str:
     """The shipped model when it exists; otherwise an untrained "compact" model exported to a temp dir."""
-    base = os.path.join(ROOT, "exported_models", "flowers")
+    base = os.path.join(ROOT, "exported_models", MODEL)
     versions = sorted(int(v) for v in os.listdir(base) if v.isdigit()) if os.path.isdir(base) else []
     if versions:
         return base
     from training.export import export_saved_model
     from training.models import build_model
 
-    base = os.path.join(tempfile.mkdtemp(prefix="petal-bench-"), "flowers")
+    base = os.path.join(tempfile.mkdtemp(prefix="petal-bench-"), MODEL)
     export_saved_model(build_model("compact", 5, image_size), base,
                        ["daisy", "dandelion", "roses", "sunflowers", "tulips"], image_size, version=1)
     return base
 
 
+def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
+    """Synthetic flower photos, one of each class in turn, JPEG-encoded at the recipe's quality range."""
+    from training.synth import CLASSES, render
+
+    return {f"{w}x{h}": [render(CLASSES[i % len(CLASSES)], seed=i, size=(w, h)) for i in range(PHOTOS)]
+            for w, h in sizes}
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+COLUMNS = ("rest", "grpc", "v2", "baseline")
+TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary", "baseline": "naive Flask"}
+
+
+def cell(r: dict) -> str:
+    return f"{r['rps']:.0f} ({r['p50']:.1f} / {r['p95']:.1f} / {r['p99']:.1f})"
+
+
+def report(name: str, photos: list[bytes], limit: tuple[float, int, float], results: dict[str, dict[int, dict]],
+           ceilings: dict[str, dict[int, dict]], levels: list[int]) -> None:
+    rate, batch, single_ms = limit
+    mean_kb = sum(map(len, photos)) / len(photos) / 1024
+    print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average); in-process limit {rate:.0f} images/s "
+          f"(batch {batch}), single image {single_ms:.2f} ms\n")
+    print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
+          + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | gRPC / REST |")
+    print("|---" * (len(COLUMNS) + 6) + "|")
+    for c in levels:
+        r = {col: results[col][c] for col in COLUMNS}
+        print(f"| {c} | " + " | ".join(cell(r[col]) for col in COLUMNS)
+              + f" | {r['rest']['rps'] / rate:.2f} | {r['grpc']['rps'] / rate:.2f} | {r['v2']['rps'] / rate:.2f}"
+              f" | {r['rest']['rps'] / max(r['baseline']['rps'], 1e-9):.2f}"
+              f" | {r['grpc']['rps'] / max(r['rest']['rps'], 1e-9):.2f} |")
+    first = levels[0]
+    print(f"\np50 overhead at concurrency {first} over the in-process {single_ms:.2f} ms: "
+          + ", ".join(f"{TITLES[col]} {results[col][first]['p50'] - single_ms:+.2f} ms" for col in COLUMNS))
+    for c in ceilings["http"]:
+        print(f"load generator at concurrency {c}: ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
+              f"{ceilings['grpc'][c]['rps']:.0f} req/s on gRPC health Check; its CPU share while driving "
+              + ", ".join(f"{TITLES[col]} {results[col][c]['loadgen_cpu_share']:.0%}" for col in COLUMNS)
+              + " of one core")
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--_loadgen":
-        port, path, body_file, concurrency, duration, warmup = sys.argv[2:8]
-        with open(body_file, "rb") as f:
-            body = f.read()
-        print(json.dumps(loadgen(int(port), path, body, int(concurrency), float(duration), float(warmup))))
-        return 0
+        return loadgen_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_base_path", default=None, help="default: exported_models/flowers")
-    parser.add_argument("--image_size", type=int, default=64, help="JPEG side (and model size if none shipped)")
+    parser.add_argument("--image_size", type=int, default=64, help="model input size if no model is shipped")
+    parser.add_argument("--photo_sizes", default="480x360,64x64", help="WxH of the photo sets, first is primary")
     parser.add_argument("--concurrency", default="1,4,16,64")
-    parser.add_argument("--duration", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
+    parser.add_argument("--limit_seconds", type=float, default=1.5, help="seconds per in-process batch size")
+    parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server_harness import free_port, jpeg, run_server
+    from server_harness import free_port, run_server
 
     base = args.model_base_path or default_model(args.image_size)
     version = max(int(v) for v in os.listdir(base) if v.isdigit())
     model_dir = os.path.join(base, str(version))
-    image = jpeg(args.image_size, seed=1)
-    body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}]}).encode()
     levels = [int(c) for c in args.concurrency.split(",")]
+    sets = photo_sets([tuple(int(x) for x in s.split("x")) for s in args.photo_sizes.split(",")])
+    load = os.getloadavg()
+    print(f"model {model_dir}; {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"{args.duration:g}s per run after {args.warmup:g}s warmup", flush=True)
 
-    print(f"model {model_dir}, {len(image)} byte JPEG, {os.cpu_count()} cores", flush=True)
-    limit, limit_batch, single_ms = in_process_limit(model_dir, image, seconds=2.0)
-    print(f"in-process limit: {limit:.0f} images/s (batch {limit_batch}); single image p50 {single_ms:.2f} ms",
-          flush=True)
-
-    results: dict[str, dict[int, dict]] = {"petal": {}, "baseline": {}}
-    with run_server(f"--model_base_path={base}", "--port=0") as server:
-        port = int(server.rest_url.rsplit(":", 1)[1])
-        ceiling = run_loadgen(port, "/healthz", b"", 16, args.duration / 2, 1.0)
-        for c in levels:
-            results["petal"][c] = run_loadgen(port, PREDICT_PATH, body, c, args.duration, args.warmup)
-            print(f"petal    c={c:<3} {results['petal'][c]}", flush=True)
+    limits = {name: in_process_limit(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
+    results: dict[str, dict[str, dict[int, dict]]] = {name: {} for name in sets}
+    run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
+    with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server:
+        rest_port = int(server.rest_url.rsplit(":", 1)[1])
+        grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
+        busy = [c for c in levels if c >= 16] or levels[-1:]
+        ceilings = {protocol: run_loadgen(health_requests(protocol, port), busy, args.duration, args.warmup)
+                    for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
+        for name, photos in sets.items():
+            results[name]["rest"] = run(rest_requests(rest_port, photos))
+            results[name]["grpc"] = run(grpc_requests(grpc_port, photos))
+            results[name]["v2"] = run(v2_binary_requests(rest_port, photos))
+            print(f"{name}: Petal done", flush=True)
     baseline_port = free_port()
     proc = start_baseline(model_dir, baseline_port)
     try:
-        for c in levels:
-            results["baseline"][c] = run_loadgen(baseline_port, PREDICT_PATH, body, c, args.duration, args.warmup)
-            print(f"baseline c={c:<3} {results['baseline'][c]}", flush=True)
+        for name, photos in sets.items():
+            results[name]["baseline"] = run(rest_requests(baseline_port, photos))
     finally:
         proc.terminate()
         proc.wait(30)
 
-    print()
-    print("| concurrency | Petal img/s | p50 / p95 / p99 ms | baseline img/s | p50 / p95 / p99 ms | Petal / limit "
-          "| Petal / baseline |")
-    print("|---|---|---|---|---|---|---|")
-    for c in levels:
-        p, b = results["petal"][c], results["baseline"][c]
-        print(f"| {c} | {p['rps']:.0f} | {p['p50']:.1f} / {p['p95']:.1f} / {p['p99']:.1f} | {b['rps']:.0f} | "
-              f"{b['p50']:.1f} / {b['p95']:.1f} / {b['p99']:.1f} | {p['rps'] / limit:.2f} | "
-              f"{p['rps'] / max(b['rps'], 1e-9):.2f} |")
-    overhead = results["petal"][levels[0]]["p50"] - single_ms
-    print(f"\nin-process limit {limit:.0f} images/s (batch {limit_batch}); single-image latency {single_ms:.2f} ms; "
-          f"Petal p50 overhead at concurrency {levels[0]}: {overhead:.2f} ms")
-    busiest = results["petal"][levels[-1]]
-    print(f"load generator: ceiling {ceiling['rps']:.0f} req/s on /healthz at concurrency 16; "
-          f"{busiest['loadgen_cpu_per_request_ms']:.2f} ms CPU per request "
-          f"({busiest['loadgen_cpu_share']:.0%} of one core) at concurrency {levels[-1]}")
-    errors = sum(r["errors"] for per in results.values() for r in per.values())
+    for name, photos in sets.items():
+        report(name, photos, limits[name], results[name], ceilings, levels)
+    load = os.getloadavg()
+    print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    errors = sum(r["errors"] for per in results.values() for col in per.values() for r in col.values())
     print(f"errors: {errors}")
     return 0 if errors == 0 else 1
 
