@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from serving.batch_sources import FAILED, FORMATS, Failure, ReadRecords, infer_format
+from serving.errors import op_error_message
 from serving.model_handler import METRICS_NAMESPACE, ModelInfo, SavedModelHandler, read_model_info
 from training.preprocessing import preprocess_eval
 
@@ -44,9 +44,6 @@ PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr; keep them as quiet as petal's logs unless -v asked for more.
 QUIET_WORKER_LOG_LEVEL = "WARNING"
 # TF error messages carry graph plumbing around the reason a user needs.
-_TF_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[\[.*?\]\]|\s*\[Op:.*$", re.S)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="petal batch", description=__doc__.split("\n\n")[0],
@@ -84,10 +81,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
     return args, PipelineOptions(beam_args)
 
 
-def clean_tf_message(message: str) -> str:
-    return _TF_NOISE.sub("", message).strip()
-
-
 def stamp_work() -> None:
     """Records the wall clock in a distribution: its min (first decode) and max (last row out) bound the
     processing time across all workers, so throughput can be reported without the workers' start-up."""
@@ -112,7 +105,7 @@ class DecodeImages(beam.DoFn):
             yield key, self._decode(data).numpy()
         except tf.errors.InvalidArgumentError as e:
             yield beam.pvalue.TaggedOutput(
-                FAILED, Failure(key, "INVALID_ARGUMENT", f"cannot decode image: {clean_tf_message(e.message)}"))
+                FAILED, Failure(key, "INVALID_ARGUMENT", f"cannot decode image: {op_error_message(e.message)}"))
 
 
 def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[str, ...], top_k: int) -> dict:

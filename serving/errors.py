@@ -5,6 +5,8 @@ REST with `http_status` (TF Serving's table), gRPC with `grpc.StatusCode[code]`.
 """
 from __future__ import annotations
 
+import re
+
 _HTTP_STATUS = {
     "OK": 200,
     "INVALID_ARGUMENT": 400,
@@ -24,6 +26,9 @@ _HTTP_STATUS = {
     "UNAVAILABLE": 503,
     "DEADLINE_EXCEEDED": 504,
 }
+
+# Node and op tags TF wraps around a message: {{function_node ...}}, [[{{node ...}}]], [Op:...].
+_TF_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[\[.*?\]\]|\s*\[Op:.*$", re.S)
 
 
 class ServingError(Exception):
@@ -58,7 +63,7 @@ def unavailable(message: str) -> ServingError:
 
 
 def op_error_message(message: str) -> str:
-    """The line of a TF graph error that says what was wrong, without the node names and stack noise around it."""
+    """The part of a TF error that says what was wrong, without node names, op tags and stack noise."""
     noise = ("Graph execution error", "Detected at node", "<stack traces", "\t", " ")
     lines = [line for line in message.splitlines() if line.strip() and not line.startswith(noise)]
-    return lines[-1] if lines else message.strip()
+    return _TF_NOISE.sub("", lines[-1] if lines else message).strip()
