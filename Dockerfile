@@ -11,7 +11,7 @@
 #   docker run --gpus all -p 8500:8500 -p 8501:8501 petal:gpu
 #
 # PETAL_EXTRAS installs optional dependency groups too: deploy/docker-compose.yml builds its Locust load generator
-# from this same file with PETAL_EXTRAS=test.
+# from this same file with PETAL_EXTRAS=loadtest.
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # Python from the base's own packages, shared by both stages below.

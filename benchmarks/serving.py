@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import http.client
 import json
 import os
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +48,7 @@ LIMIT_BATCH_SIZES = (1, 8, 16, 32, 64)
 
 # --- load generator (runs in its own process; imports neither TensorFlow nor the server) ----------------------
 
-@dataclass
+@dataclasses.dataclass
 class Requests:
     """What one load-generator run sends: `bodies` cycled per client, over HTTP (method, path, headers) or gRPC."""
     protocol: str  # "http" or "grpc"
@@ -137,7 +137,7 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
 def run_loadgen(requests: Requests, levels: list[int], duration: float, warmup: float) -> dict[int, dict]:
     """One load-generator process for every concurrency level of one column (so its start-up is paid once)."""
     with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
-        pickle.dump(requests, f)
+        pickle.dump(dataclasses.asdict(requests), f)  # plain data: the loader need not import this module
     try:
         out = subprocess.run([sys.executable, __file__, "--_loadgen", f.name, ",".join(map(str, levels)),
                               str(duration), str(warmup)], check=True, capture_output=True, text=True)
@@ -149,7 +149,7 @@ def run_loadgen(requests: Requests, levels: list[int], duration: float, warmup: 
 def loadgen_main(argv: list[str]) -> int:
     path, levels, duration, warmup = argv
     with open(path, "rb") as f:
-        requests = pickle.load(f)
+        requests = Requests(**pickle.load(f))
     print(json.dumps({c: loadgen(requests, int(c), float(duration), float(warmup)) for c in levels.split(",")}))
     return 0
 
