@@ -56,6 +56,25 @@ class Requests:
     path: str
     bodies: list[bytes]
     headers: dict[str, str]
+    server_pid: int  # its CPU time (with its worker processes) is sampled over the measured window
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children (gunicorn's master and workers), from /proc."""
+    total = 0.0
+    for p in [pid] + [int(c) for c in _read(f"/proc/{pid}/task/{pid}/children").split()]:
+        fields = _read(f"/proc/{p}/stat").rsplit(")", 1)[-1].split()
+        if len(fields) > 12:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _http_client(requests: Requests):
@@ -117,21 +136,28 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
                 latencies[i].append(done - sent)
                 errors[i] += not ok
 
-    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
     for t in threads:
         t.start()
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    own, server = _self_cpu_seconds(), tree_cpu_seconds(requests.server_pid)
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    own, server = _self_cpu_seconds() - own, tree_cpu_seconds(requests.server_pid) - server
     for t in threads:
         t.join()
-    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     for _, close in clients:
         close()
-    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     flat = np.array([x for per in latencies for x in per]) * 1000
     percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
     return {"requests": int(flat.size), "errors": int(sum(errors)), "rps": flat.size / duration,
             "p50": percentile(50), "p95": percentile(95), "p99": percentile(99),
-            "loadgen_cpu_share": cpu / (duration + warmup)}
+            "loadgen_cpu_share": own / duration, "loadgen_cpu_ms": 1000 * own / max(1, flat.size),
+            "server_cpu_share": server / duration, "server_cpu_ms": 1000 * server / max(1, flat.size)}
+
+
+def _self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_loadgen(requests: Requests, levels: list[int], duration: float, warmup: float) -> dict[int, dict]:
@@ -156,12 +182,12 @@ def loadgen_main(argv: list[str]) -> int:
 
 # --- request bodies, one per photo, per protocol --------------------------------------------------------------
 
-def rest_requests(port: int, photos: list[bytes]) -> Requests:
+def rest_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     bodies = [json.dumps({"instances": [{"b64": base64.b64encode(p).decode()}]}).encode() for p in photos]
-    return Requests("http", port, PREDICT_PATH, bodies, {"Content-Type": "application/json"})
+    return Requests("http", port, PREDICT_PATH, bodies, {"Content-Type": "application/json"}, pid)
 
 
-def v2_binary_requests(port: int, photos: list[bytes]) -> Requests:
+def v2_binary_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     """Triton's binary extension: JSON header, then each BYTES element as a 4-byte little-endian length + data."""
     bodies, lengths = [], set()
     for photo in photos:
@@ -173,10 +199,10 @@ def v2_binary_requests(port: int, photos: list[bytes]) -> Requests:
     if len(lengths) != 1:  # the header length is a request header, shared by all bodies of a run
         raise ValueError("V2 headers differ in length")
     return Requests("http", port, INFER_PATH, bodies, {"Content-Type": "application/octet-stream",
-                                                      "Inference-Header-Content-Length": str(lengths.pop())})
+                                                      "Inference-Header-Content-Length": str(lengths.pop())}, pid)
 
 
-def grpc_requests(port: int, photos: list[bytes]) -> Requests:
+def grpc_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
@@ -186,40 +212,49 @@ def grpc_requests(port: int, photos: list[bytes]) -> Requests:
         request.model_spec.name = MODEL
         request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([photo]))
         bodies.append(request.SerializeToString())
-    return Requests("grpc", port, GRPC_PREDICT, bodies, {})
+    return Requests("grpc", port, GRPC_PREDICT, bodies, {}, pid)
 
 
-def health_requests(protocol: str, port: int) -> Requests:
+def health_requests(protocol: str, port: int, pid: int) -> Requests:
     if protocol == "grpc":
-        return Requests("grpc", port, GRPC_HEALTH, [b""], {})  # an empty HealthCheckRequest: service ""
-    return Requests("http", port, "/healthz", [b""], {})
+        return Requests("grpc", port, GRPC_HEALTH, [b""], {}, pid)  # an empty HealthCheckRequest: service ""
+    return Requests("http", port, "/healthz", [b""], {}, pid)
 
 
 # --- the in-process limit -------------------------------------------------------------------------------------
 
-def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> tuple[float, int, float]:
-    """(best images/s, at batch size, single-image p50 ms) calling the signature directly on the same photos."""
+@dataclasses.dataclass
+class Limit:
+    rate: float  # best images/s
+    batch: int  # at this batch size
+    cpu_ms: float  # CPU per image at that batch size (TensorFlow uses every core)
+    single_ms: float  # p50 latency of a one-image call
+
+
+def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> Limit:
+    """The signature called directly on batches of the same photos, and one photo at a time."""
     import tensorflow as tf
 
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]
-    best, best_size = 0.0, 1
+    best = Limit(0.0, 1, 0.0, 0.0)
     for size in LIMIT_BATCH_SIZES:
         batches = [tf.constant([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]
         signature(image_bytes=batches[0])
-        count, started = 0, time.monotonic()
+        count, started, cpu = 0, time.monotonic(), _self_cpu_seconds()
         while time.monotonic() - started < seconds:
             signature(image_bytes=batches[count // size % len(batches)])["probabilities"].numpy()
             count += size
-        rate = count / (time.monotonic() - started)
-        if rate > best:
-            best, best_size = rate, size
+        rate, cpu = count / (time.monotonic() - started), _self_cpu_seconds() - cpu
+        if rate > best.rate:
+            best = Limit(rate, size, 1000 * cpu / count, 0.0)
     singles = [tf.constant([p]) for p in photos]
     times = []
     for i in range(max(200, int(seconds * 100))):
         started = time.monotonic()
         signature(image_bytes=singles[i % len(singles)])["probabilities"].numpy()
         times.append(time.monotonic() - started)
-    return best, best_size, float(np.percentile(times, 50) * 1000)
+    best.single_ms = float(np.percentile(times, 50) * 1000)
+    return best
 
 
 # --- servers --------------------------------------------------------------------------------------------------
@@ -274,29 +309,43 @@ def cell(r: dict) -> str:
     return f"{r['rps']:.0f} ({r['p50']:.1f} / {r['p95']:.1f} / {r['p99']:.1f})"
 
 
-def report(name: str, photos: list[bytes], limit: tuple[float, int, float], results: dict[str, dict[int, dict]],
+def report(name: str, photos: list[bytes], limit: Limit, results: dict[str, dict[int, dict]],
            ceilings: dict[str, dict[int, dict]], levels: list[int]) -> None:
-    rate, batch, single_ms = limit
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
-    print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average); in-process limit {rate:.0f} images/s "
-          f"(batch {batch}), single image {single_ms:.2f} ms\n")
+    print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average): in-process limit {limit.rate:.0f} images/s "
+          f"(batch {limit.batch}, {limit.cpu_ms:.2f} ms CPU per image), single image {limit.single_ms:.2f} ms\n")
     print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
           + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | gRPC / REST |")
     print("|---" * (len(COLUMNS) + 6) + "|")
     for c in levels:
         r = {col: results[col][c] for col in COLUMNS}
         print(f"| {c} | " + " | ".join(cell(r[col]) for col in COLUMNS)
-              + f" | {r['rest']['rps'] / rate:.2f} | {r['grpc']['rps'] / rate:.2f} | {r['v2']['rps'] / rate:.2f}"
-              f" | {r['rest']['rps'] / max(r['baseline']['rps'], 1e-9):.2f}"
+              + "".join(f" | {r[col]['rps'] / limit.rate:.2f}" for col in ("rest", "grpc", "v2"))
+              + f" | {r['rest']['rps'] / max(r['baseline']['rps'], 1e-9):.2f}"
               f" | {r['grpc']['rps'] / max(r['rest']['rps'], 1e-9):.2f} |")
     first = levels[0]
-    print(f"\np50 overhead at concurrency {first} over the in-process {single_ms:.2f} ms: "
-          + ", ".join(f"{TITLES[col]} {results[col][first]['p50'] - single_ms:+.2f} ms" for col in COLUMNS))
+    print(f"\np50 overhead at concurrency {first} over the in-process {limit.single_ms:.2f} ms: "
+          + ", ".join(f"{TITLES[col]} {results[col][first]['p50'] - limit.single_ms:+.2f} ms" for col in COLUMNS))
     for c in ceilings["http"]:
-        print(f"load generator at concurrency {c}: ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
-              f"{ceilings['grpc'][c]['rps']:.0f} req/s on gRPC health Check; its CPU share while driving "
-              + ", ".join(f"{TITLES[col]} {results[col][c]['loadgen_cpu_share']:.0%}" for col in COLUMNS)
-              + " of one core")
+        print(f"at concurrency {c}, CPU per image (server + load generator): "
+              + ", ".join(f"{TITLES[col]} {results[col][c]['server_cpu_ms']:.2f} + {results[col][c]['loadgen_cpu_ms']:.2f}"
+                          f" ms" for col in COLUMNS)
+              + f"; load generator ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
+              f"{ceilings['grpc'][c]['rps']:.0f} on gRPC health Check")
+        _bound(limit, results, ceilings, c)
+
+
+def _bound(limit: Limit, results: dict[str, dict[int, dict]], ceilings: dict[str, dict[int, dict]], c: int) -> None:
+    """What the cores allow when every image pays the model's best-batch CPU plus the cheapest possible request
+    (the server's and the load generator's CPU for a /healthz or health Check on the same machine)."""
+    cores = os.cpu_count() or 1
+    for protocol, cols in (("http", ("rest", "v2")), ("grpc", ("grpc",))):
+        trivial = ceilings[protocol][c]
+        per_image = limit.cpu_ms + trivial["server_cpu_ms"] + trivial["loadgen_cpu_ms"]
+        bound = 1000 * cores / per_image
+        print(f"  {'/'.join(TITLES[col] for col in cols)}: {cores} cores / ({limit.cpu_ms:.2f} model + "
+              f"{trivial['server_cpu_ms']:.2f} server + {trivial['loadgen_cpu_ms']:.2f} load generator ms for a "
+              f"trivial request) = at most {bound:.0f} images/s = {bound / limit.rate:.2f} x the limit")
 
 
 def main() -> int:
@@ -328,21 +377,22 @@ def main() -> int:
     results: dict[str, dict[str, dict[int, dict]]] = {name: {} for name in sets}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
     with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server:
+        pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
         grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
         busy = [c for c in levels if c >= 16] or levels[-1:]
-        ceilings = {protocol: run_loadgen(health_requests(protocol, port), busy, args.duration, args.warmup)
+        ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
         for name, photos in sets.items():
-            results[name]["rest"] = run(rest_requests(rest_port, photos))
-            results[name]["grpc"] = run(grpc_requests(grpc_port, photos))
-            results[name]["v2"] = run(v2_binary_requests(rest_port, photos))
+            results[name]["rest"] = run(rest_requests(rest_port, pid, photos))
+            results[name]["grpc"] = run(grpc_requests(grpc_port, pid, photos))
+            results[name]["v2"] = run(v2_binary_requests(rest_port, pid, photos))
             print(f"{name}: Petal done", flush=True)
     baseline_port = free_port()
     proc = start_baseline(model_dir, baseline_port)
     try:
         for name, photos in sets.items():
-            results[name]["baseline"] = run(rest_requests(baseline_port, photos))
+            results[name]["baseline"] = run(rest_requests(baseline_port, proc.pid, photos))
     finally:
         proc.terminate()
         proc.wait(30)

@@ -43,7 +43,8 @@ WORK_STAMPS = "work_ms"
 PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr; keep them as quiet as petal's logs unless -v asked for more.
 QUIET_WORKER_LOG_LEVEL = "WARNING"
-# TF error messages carry graph plumbing around the reason a user needs.
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="petal batch", description=__doc__.split("\n\n")[0],

@@ -121,11 +121,16 @@ class ReadJsonLinesFile(beam.DoFn):
     """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`."""
 
     def process(self, path: str) -> Iterator[Any]:
-        with FileSystems.open(path) as f:
-            for number, raw in enumerate(f, start=1):
-                if raw.strip():
-                    _read_counter().inc()
-                    yield self._record(f"{path}:{number}", raw)
+        number = 0
+        try:
+            with FileSystems.open(path) as f:
+                for number, raw in enumerate(f, start=1):
+                    if raw.strip():
+                        _read_counter().inc()
+                        yield self._record(f"{path}:{number}", raw)
+        except OSError as e:
+            _read_counter().inc()
+            yield _fail(f"{path}:{number + 1}", "UNAVAILABLE", f"cannot read the file past line {number}: {e}")
 
     @staticmethod
     def _record(position: str, raw: bytes) -> Any:

@@ -223,7 +223,6 @@ def _configure_tensorflow(options: ServerOptions) -> None:
 def create_core(options: ServerOptions) -> Core:
     """Build this process's core and start loading its models in the background (readiness reports progress)."""
     global _current
-    import sys; sys.setswitchinterval(float(os.environ.get("PETAL_SWITCH", "0.005")))
     _configure_tensorflow(options)
     metrics = Metrics()
     batcher = Batcher(options.batching, metrics, enabled=options.enable_batching)

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from training import synth
-from training.input import input_fn, untranspose
+from training.input import input_fn
+from training.models import Untranspose
 from training.tfrecords import example
 
 NUM_RECORDS = 23
@@ -78,10 +79,10 @@ def test_eval_is_deterministic_and_training_is_augmented(shards):
     assert common and all(not np.array_equal(by_label_a[l], by_label_b[l]) for l in common)
 
 
-def test_transpose_gives_hwcn_and_untranspose_restores_nhwc(shards):
+def test_transpose_gives_hwcn_and_the_models_untranspose_restores_nhwc(shards):
     plain = input_fn(shards, training=False, batch_size=BATCH, image_size=SIZE)
     hwcn = input_fn(shards, training=False, batch_size=BATCH, image_size=SIZE, transpose=True)
     (images, labels, _), (transposed, labels_t, _) = next(iter(plain)), next(iter(hwcn))
     assert transposed.shape == (SIZE, SIZE, 3, BATCH)
     np.testing.assert_array_equal(labels.numpy(), labels_t.numpy())
-    np.testing.assert_array_equal(untranspose(transposed).numpy(), images.numpy())
+    np.testing.assert_array_equal(np.asarray(Untranspose()(transposed)), images.numpy())

@@ -55,7 +55,3 @@ def input_fn(
         data = data.map(lambda image, *rest: (tf.transpose(image, HWCN), *rest), num_parallel_calls=AUTOTUNE)
     return data.prefetch(AUTOTUNE)
 
-
-def untranspose(images: tf.Tensor) -> tf.Tensor:
-    """The model side of `transpose=True`: HWCN back to NHWC."""
-    return tf.transpose(images, NHWC)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import keras
+import tensorflow as tf
 from keras import layers
 
 from training.input import NHWC
@@ -109,14 +110,14 @@ class ModelConfig:
         return build_model(self.name, len(self.labels), self.image_size, self.batch_norm, transpose_input)
 
     def save(self, directory: str) -> None:
-        with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
             json.dump(asdict(self), f, indent=1)
 
     @classmethod
     def load(cls, directory: str) -> "ModelConfig":
         path = os.path.join(directory, CONFIG_FILE)
-        if not os.path.exists(path):
+        if not tf.io.gfile.exists(path):
             raise FileNotFoundError(f"{path} not found: is {directory} the --output_dir of a `petal train` run?")
-        with open(path) as f:
+        with tf.io.gfile.GFile(path) as f:
             fields = json.load(f)
         return cls(fields["name"], tuple(fields["labels"]), int(fields["image_size"]), bool(fields["batch_norm"]))

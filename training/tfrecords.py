@@ -125,6 +125,8 @@ def to_jpeg(data: bytes) -> tuple[bytes, int, int]:
         image.load()
     except UnidentifiedImageError:
         raise RowError("not an image: unrecognised file format") from None
+    except Image.DecompressionBombError as e:
+        raise RowError(f"image too large: {e}") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise RowError(f"corrupt image: {e}") from None
     width, height = image.size

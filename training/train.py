@@ -177,12 +177,17 @@ class Trainer:
                 "accuracy": correct / max(count, 1.0), "num_examples": int(round(count / pipelines))}
 
 
-def _last_eval_step(output_dir: str) -> int | None:
+def _eval_lines(output_dir: str) -> list[str]:
+    """eval_results.jsonl's lines, through tf.io.gfile so that gs:// output dirs (Cloud TPU) work too."""
     path = os.path.join(output_dir, EVAL_RESULTS)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as f:
+        return [line for line in f.read().splitlines() if line.strip()]
+
+
+def _last_eval_step(output_dir: str) -> int | None:
+    lines = _eval_lines(output_dir)
     return json.loads(lines[-1])["step"] if lines else None
 
 
@@ -195,8 +200,9 @@ def _record_eval(trainer: Trainer, results: dict, writer) -> None:
           f"({results['num_examples']} images)", flush=True)
     if not trainer.chief:
         return
-    with open(os.path.join(config.output_dir, EVAL_RESULTS), "a") as f:
-        f.write(json.dumps({**results, "time": round(time.time(), 3)}) + "\n")
+    lines = _eval_lines(config.output_dir) + [json.dumps({**results, "time": round(time.time(), 3)})]
+    with tf.io.gfile.GFile(os.path.join(config.output_dir, EVAL_RESULTS), "w") as f:  # object stores cannot append
+        f.write("\n".join(lines) + "\n")
     with writer.as_default(step=results["step"]):
         tf.summary.scalar("loss", results["loss"])
         tf.summary.scalar("accuracy", results["accuracy"])
@@ -214,7 +220,7 @@ def export(trainer: Trainer) -> str | None:
     config = trainer.config
     base = os.path.join(config.output_dir, "export", config.model_name)
     version = int(trainer.step.numpy())
-    if not trainer.chief or os.path.isdir(os.path.join(base, str(version))):
+    if not trainer.chief or tf.io.gfile.isdir(os.path.join(base, str(version))):
         return None
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
