@@ -16,9 +16,11 @@ pytestmark = pytest.mark.slow
 
 
 def write_warmup(version_dir: str, count: int) -> None:
+    """Warmup records of 1024 px noise JPEGs: each takes milliseconds to decode on any machine, so the whole
+    warmup lasts seconds and the first readiness probe reliably lands before it ends."""
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg()], dtype=tf.string))
+    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg(1024)], dtype=tf.string))
     record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
     with tf.io.TFRecordWriter(os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")) as writer:
         for _ in range(count):

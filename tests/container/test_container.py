@@ -19,8 +19,8 @@ TIMEOUT_S = 1200
 @pytest.mark.container
 @pytest.mark.slow
 def test_image_builds_serves_real_jpegs_and_drains():
-    if os.geteuid() != 0:
-        pytest.skip("building and running containers with buildah here needs root")
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("building and running containers with buildah here needs root (CI runs as root: never skipped)")
     result = subprocess.run(["bash", str(SMOKE)], env={**os.environ, "PYTHON": sys.executable},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-8000:]
