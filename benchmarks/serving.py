@@ -5,14 +5,17 @@
 1. The images are what users send: synthetic flower photos from training.synth.render, 480x360 JPEGs (the
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
 2. The limit: the exported `serving_default` signature called in this process on batches of the same JPEGs
-   (best images/s over batch sizes), and its single-image latency.
+   (best images/s over batch sizes, called by one thread or by one per core), and its single-image latency.
 3. Petal (`petal serve`, defaults) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
    (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
    binary BYTES extension; the baseline (benchmarks/naive_flask.py) gets the same REST body. Each run is a
    separate load-generator process on loopback: closed loop, one connection per client, fixed concurrency,
    warmup, then a fixed duration, with request bodies built before the clock starts.
 4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
-   health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU share.
+   health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU per request.
+5. CPU is accounted per image (the server's processes from /proc, the load generator's own), which gives the bound
+   the cores allow: every image needs the model's best-batch CPU plus at least a trivial request's CPU, client
+   included, since both share this machine. A ratio to the limit is read against that bound.
 Everything runs side by side in one run, so the ratios hold even though absolute times on a shared machine do not.
 """
 from __future__ import annotations
@@ -227,26 +230,40 @@ def health_requests(protocol: str, port: int, pid: int) -> Requests:
 class Limit:
     rate: float  # best images/s
     batch: int  # at this batch size
-    cpu_ms: float  # CPU per image at that batch size (TensorFlow uses every core)
+    callers: int  # with this many threads calling at once
+    cpu_ms: float  # CPU per image there
     single_ms: float  # p50 latency of a one-image call
 
 
 def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> Limit:
-    """The signature called directly on batches of the same photos, and one photo at a time."""
+    """The signature called directly on batches of the same photos, by one thread and by one per core (the
+    graph alone may not fill every core, and the server runs a batch per core), and one photo at a time."""
     import tensorflow as tf
 
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]
-    best = Limit(0.0, 1, 0.0, 0.0)
+    best = Limit(0.0, 1, 1, 0.0, 0.0)
     for size in LIMIT_BATCH_SIZES:
         batches = [tf.constant([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]
         signature(image_bytes=batches[0])
-        count, started, cpu = 0, time.monotonic(), _self_cpu_seconds()
-        while time.monotonic() - started < seconds:
-            signature(image_bytes=batches[count // size % len(batches)])["probabilities"].numpy()
-            count += size
-        rate, cpu = count / (time.monotonic() - started), _self_cpu_seconds() - cpu
-        if rate > best.rate:
-            best = Limit(rate, size, 1000 * cpu / count, 0.0)
+        for callers in sorted({1, os.cpu_count() or 1}):
+            counts = [0] * callers
+            stop_at = time.monotonic() + seconds
+
+            def call(i: int) -> None:
+                while time.monotonic() < stop_at:
+                    signature(image_bytes=batches[(counts[i] // size + i) % len(batches)])["probabilities"].numpy()
+                    counts[i] += size
+
+            started, cpu = time.monotonic(), _self_cpu_seconds()
+            threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            count = sum(counts)
+            rate, cpu = count / (time.monotonic() - started), _self_cpu_seconds() - cpu
+            if rate > best.rate:
+                best = Limit(rate, size, callers, 1000 * cpu / count, 0.0)
     singles = [tf.constant([p]) for p in photos]
     times = []
     for i in range(max(200, int(seconds * 100))):
@@ -258,6 +275,21 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> Lim
 
 
 # --- servers --------------------------------------------------------------------------------------------------
+
+def wait_for_every_worker(requests: Requests, connections: int = 16, timeout: float = 180.0) -> None:
+    """/readyz answers from one worker only; with --workers > 1 the others may still be loading their model,
+    so wait until predictions on many fresh connections (spread over the workers by the kernel) all succeed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sends = [_http_client(requests) for _ in range(connections)]
+        ok = all(send(requests.bodies[0]) for send, _ in sends)
+        for _, close in sends:
+            close()
+        if ok:
+            return
+        time.sleep(0.5)
+    raise TimeoutError("not every worker became ready")
+
 
 def start_baseline(model_dir: str, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "naive_flask.py"), model_dir,
@@ -313,7 +345,8 @@ def report(name: str, photos: list[bytes], limit: Limit, results: dict[str, dict
            ceilings: dict[str, dict[int, dict]], levels: list[int]) -> None:
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
     print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average): in-process limit {limit.rate:.0f} images/s "
-          f"(batch {limit.batch}, {limit.cpu_ms:.2f} ms CPU per image), single image {limit.single_ms:.2f} ms\n")
+          f"(batch {limit.batch}, {limit.callers} calling, {limit.cpu_ms:.2f} ms CPU per image), single image "
+          f"{limit.single_ms:.2f} ms\n")
     print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
           + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | gRPC / REST |")
     print("|---" * (len(COLUMNS) + 6) + "|")
@@ -328,8 +361,8 @@ def report(name: str, photos: list[bytes], limit: Limit, results: dict[str, dict
           + ", ".join(f"{TITLES[col]} {results[col][first]['p50'] - limit.single_ms:+.2f} ms" for col in COLUMNS))
     for c in ceilings["http"]:
         print(f"at concurrency {c}, CPU per image (server + load generator): "
-              + ", ".join(f"{TITLES[col]} {results[col][c]['server_cpu_ms']:.2f} + {results[col][c]['loadgen_cpu_ms']:.2f}"
-                          f" ms" for col in COLUMNS)
+              + ", ".join(f"{TITLES[col]} {r['server_cpu_ms']:.2f} + {r['loadgen_cpu_ms']:.2f} ms"
+                          for col, r in ((col, results[col][c]) for col in COLUMNS))
               + f"; load generator ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
               f"{ceilings['grpc'][c]['rps']:.0f} on gRPC health Check")
         _bound(limit, results, ceilings, c)
@@ -358,7 +391,7 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
-    parser.add_argument("--limit_seconds", type=float, default=1.5, help="seconds per in-process batch size")
+    parser.add_argument("--limit_seconds", type=float, default=1.0, help="seconds per in-process batch size")
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -380,6 +413,7 @@ def main() -> int:
         pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
         grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
+        wait_for_every_worker(rest_requests(rest_port, pid, next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}

@@ -135,10 +135,6 @@ class Batcher:
             return chunks[0].outputs
         return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
 
-    def queue_depth(self) -> int:
-        with self._cond:
-            return sum(q.rows for q in self._queues.values())
-
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -11,8 +11,10 @@ from tensorflow_serving.config import model_server_config_pb2
 from serving.batching import BatchingOptions
 from serving.protos import BatchingParameters, MonitoringConfig
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL_NAME = "flowers"
-DEFAULT_MODEL_BASE_PATH = os.path.join("exported_models", DEFAULT_MODEL_NAME)
+# Absolute, so `petal serve` and `petal predict` find the checkout's default model from any working directory.
+DEFAULT_MODEL_BASE_PATH = os.path.join(REPO_ROOT, "exported_models", DEFAULT_MODEL_NAME)
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
 
@@ -51,6 +53,11 @@ class ServerOptions:
         model = config.model_config_list.config.add()
         model.name, model.base_path, model.model_platform = self.model_name, self.model_base_path, "tensorflow"
         return config
+
+
+def bind_address(host: str, port: int) -> str:
+    """host:port for gunicorn and gRPC alike; an IPv6 literal such as --host=:: needs brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def parse_bool(text: str) -> bool:

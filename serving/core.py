@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Union
 
 import numpy as np
 import tensorflow as tf
@@ -28,10 +29,12 @@ logger = logging.getLogger(__name__)
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
+# Arrays by input name, or a function of the signature that builds them (see Core.predict).
+Inputs = Union[dict[str, np.ndarray], Callable[[SignatureInfo], dict[str, object]]]
 
-_NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
-                 "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64, "DT_UINT8": np.uint8,
-                 "DT_UINT16": np.uint16, "DT_UINT32": np.uint32, "DT_UINT64": np.uint64, "DT_BOOL": np.bool_}
+NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
+                "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64, "DT_UINT8": np.uint8,
+                "DT_UINT16": np.uint16, "DT_UINT32": np.uint32, "DT_UINT64": np.uint64, "DT_BOOL": np.bool_}
 
 
 @dataclass
@@ -40,15 +43,16 @@ class PredictResult:
     version: int
     signature_name: str
     outputs: dict[str, np.ndarray]
+    labels: list[str] = field(default_factory=list)  # the class names of the version that answered
 
 
 def numpy_dtype(dtype: str):
     """The numpy dtype for a TF dtype name; object (of bytes) for DT_STRING."""
     if dtype == "DT_STRING":
         return object
-    if dtype not in _NUMPY_DTYPES:
+    if dtype not in NUMPY_DTYPES:
         raise invalid(f"Unsupported input dtype {dtype}")
-    return _NUMPY_DTYPES[dtype]
+    return NUMPY_DTYPES[dtype]
 
 
 def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
@@ -72,6 +76,18 @@ def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
     return array
 
 
+def _run_inline(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], arrays: dict[str, np.ndarray],
+                deadline: float | None) -> dict[str, np.ndarray]:
+    """Run without the batcher, keeping the deadline: a running TF call cannot be interrupted, so a call that
+    ends past the deadline is answered DEADLINE_EXCEEDED, as the batcher answers a request that waited too long."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request ran")
+    outputs = run(arrays)
+    if deadline is not None and time.monotonic() > deadline:
+        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was running")
+    return outputs
+
+
 def _to_bytes(value) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -91,29 +107,20 @@ class Core:
 
     # --- inference ---------------------------------------------------------------------------------------------
 
-    def predict(self, model: str, inputs: dict[str, np.ndarray], version: int | None = None,
+    def predict(self, model: str, inputs: Inputs, version: int | None = None,
                 label: str | None = None, signature_name: str = "", output_filter: list[str] | None = None,
                 deadline: float | None = None, entrypoint: str = "REST", api: str = "predict") -> PredictResult:
-        """Run a signature on batched inputs through the dynamic batcher."""
+        """Run a signature on batched inputs through the dynamic batcher.
+
+        `inputs` may be a function of the signature, for wire formats whose meaning depends on it (REST's
+        unnamed instances): it runs under the same hold on the servable as the inference, so a hot reload in
+        between cannot unload the version the inputs were resolved against.
+        """
         started = time.monotonic()
         status = "OK"
         try:
             with self.repository.serving(model, version, label) as servable:
-                key, info = servable.signature(signature_name)
-                arrays, batched = self._validate(info, inputs)
-                if output_filter:
-                    unknown = sorted(set(output_filter) - set(info.outputs))
-                    if unknown:
-                        raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
-                run = self._runner(servable, key, api)
-                if batched:
-                    size = next(iter(arrays.values())).shape[0]
-                    outputs = self.batcher.run((model, servable.version, key), model, run, arrays, size, deadline)
-                else:
-                    outputs = run(arrays)
-                if output_filter:
-                    outputs = {k: outputs[k] for k in output_filter}
-                return PredictResult(model, servable.version, key, outputs)
+                return self._predict_on(servable, inputs, signature_name, output_filter, deadline, api)
         except ServingError as error:
             status = error.code
             raise
@@ -127,16 +134,34 @@ class Core:
                         deadline: float | None = None,
                         entrypoint: str = "REST") -> tuple[int, list[list[tuple[str, float]]]]:
         """Top-k (label, score) per image, for image models (an `image_bytes` input, `probabilities` output)."""
-        with self.repository.serving(model, version, label) as servable:
-            _, info = servable.signature(signature_name)
+        def image_inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
             if IMAGE_INPUT not in info.inputs or PROBABILITIES_OUTPUT not in info.outputs:
                 raise invalid(f"Signature {signature_name or DEFAULT_SIGNATURE!r} of model {model} is not an image "
                               f"classifier (needs input {IMAGE_INPUT!r} and output {PROBABILITIES_OUTPUT!r})")
-            result = self.predict(model, {IMAGE_INPUT: np.array(images_bytes, dtype=object)},
-                                  version=servable.version, signature_name=signature_name,
-                                  output_filter=[PROBABILITIES_OUTPUT], deadline=deadline, entrypoint=entrypoint,
-                                  api="classify")
-            return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], servable.labels, top_k)
+            return {IMAGE_INPUT: np.array(images_bytes, dtype=object)}
+        result = self.predict(model, image_inputs, version, label, signature_name,
+                              output_filter=[PROBABILITIES_OUTPUT], deadline=deadline, entrypoint=entrypoint,
+                              api="classify")
+        return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.labels, top_k)
+
+    def _predict_on(self, servable: Servable, inputs: Inputs, signature_name: str,
+                    output_filter: list[str] | None, deadline: float | None, api: str) -> PredictResult:
+        key, info = servable.signature(signature_name)
+        arrays, batched = self._validate(info, inputs(info) if callable(inputs) else inputs)
+        if output_filter:
+            unknown = sorted(set(output_filter) - set(info.outputs))
+            if unknown:
+                raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
+        run = self._runner(servable, key, api)
+        if batched and self.batcher.enabled:
+            size = next(iter(arrays.values())).shape[0]
+            outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
+                                       deadline)
+        else:
+            outputs = _run_inline(run, arrays, deadline)
+        if output_filter:
+            outputs = {k: outputs[k] for k in output_filter}
+        return PredictResult(servable.model, servable.version, key, outputs, list(servable.labels))
 
     def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool]:
         missing = sorted(set(info.inputs) - set(inputs))
@@ -172,10 +197,6 @@ class Core:
                    label: str | None = None) -> tuple[int, dict[str, SignatureInfo]]:
         with self.repository.serving(model, version, label) as servable:
             return servable.version, servable.signatures
-
-    def labels(self, model: str, version: int | None = None, label: str | None = None) -> list[str]:
-        with self.repository.serving(model, version, label) as servable:
-            return list(servable.labels)
 
     def ready(self) -> bool:
         return not self.shutting_down and self.repository.ready()

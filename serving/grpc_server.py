@@ -22,6 +22,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_management_pb2, model_pb2, predict_pb2, prediction_service_pb2_grpc,
                                      model_service_pb2_grpc)
 
+from serving.config import bind_address
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,13 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     @rpc
     def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,
                                   context: grpc.ServicerContext) -> Any:
+        """Only this worker would see the RPC, so with several workers it is refused rather than let them diverge."""
+        workers = self.core.options.workers
+        if workers > 1:
+            raise ServingError("FAILED_PRECONDITION",
+                               f"HandleReloadConfigRequest reaches only one of the {workers} worker processes, so "
+                               "they would serve different models. Edit the file given to --model_config_file and "
+                               "set --model_config_file_poll_wait_seconds instead: every worker reloads it.")
         self.core.reload_config(request.config)
         return model_management_pb2.ReloadConfigResponse()
 
@@ -256,8 +264,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
             time.sleep(HEALTH_WATCH_PERIOD_S)
 
 
-def start(core: Any, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
-    """Start the gRPC server on 0.0.0.0:port (shared with sibling workers through SO_REUSEPORT)."""
+def start(core: Any, host: str, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
+    """Start the gRPC server on host:port (shared with sibling workers through SO_REUSEPORT)."""
     options = [("grpc.so_reuseport", 1),
                ("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes)]
@@ -267,12 +275,13 @@ def start(core: Any, port: int, max_message_bytes: int, channel_arguments: str) 
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
+    address = bind_address(host, port)
     try:
-        bound = server.add_insecure_port(f"0.0.0.0:{port}")
+        bound = server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise OSError(f"cannot bind gRPC port {port}: {exc}") from exc
+        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
     if not bound:
-        raise OSError(f"cannot bind gRPC port {port}")
+        raise OSError(f"cannot bind gRPC to {address}")
     server.start()
-    log.info("gRPC server started", extra={"fields": {"port": port, "max_message_bytes": max_message_bytes}})
+    log.info("gRPC server started", extra={"fields": {"address": address, "max_message_bytes": max_message_bytes}})
     return server

@@ -7,85 +7,50 @@ A V2 "model" is a Core model's serving signature (serving_default unless the req
 from __future__ import annotations
 
 import base64
-import binascii
 import json
+import math
 import struct
 import time
-import zlib
 from typing import Any
 
 import flask
 import numpy as np
-from werkzeug.exceptions import RequestEntityTooLarge
 
-from serving.errors import ServingError, http_status
+from serving.core import NUMPY_DTYPES
+from serving.errors import ServingError, invalid
+from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, object_field, parse_version, request_body,
+                              string_field)
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
-DEFAULT_SIGNATURE = "serving_default"
 
 # TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
 DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
              "DT_UINT64": "UINT64", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
              "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
              "DT_STRING": "BYTES"}
-NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-               "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-               "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
-
-
-class BadRequest(ServingError):
-    def __init__(self, message: str) -> None:
-        super().__init__("INVALID_ARGUMENT", message)
-
-
-def error_response(err: ServingError) -> flask.Response:
-    return flask.Response(json.dumps({"error": err.message}), status=http_status(err.code),
-                          mimetype="application/json")
-
-
-def version_arg(version: str | None) -> int | None:
-    if version is None:
-        return None
-    if not version.isdigit():
-        raise BadRequest(f"Model version must be an integer, got {version!r}")
-    return int(version)
+NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
 
 
 # ---- request decoding -------------------------------------------------------------------------------------
-
-def request_body(max_bytes: int) -> bytes:
-    """The body, inflated for Content-Encoding gzip/deflate (as tritonclient sends), never past max_bytes."""
-    body = flask.request.get_data(cache=False)
-    encoding = flask.request.headers.get("Content-Encoding", "").lower()
-    if encoding not in ("gzip", "deflate"):
-        return body
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise BadRequest(f"Invalid {encoding} body: {exc}") from None
-    if len(data) > max_bytes or inflater.unconsumed_tail:
-        raise RequestEntityTooLarge(f"The inflated body exceeds --max_request_bytes ({max_bytes})")
-    return data
-
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
     """Separate the JSON header from the binary tail (Triton binary-data extension)."""
     if header_length is None:
         header, tail = body, b""
     else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise BadRequest(f"{HEADER_LENGTH} {header_length!r} does not fit a {len(body)}-byte body")
-        header, tail = body[:int(header_length)], body[int(header_length):]
+        length = ascii_int(header_length)
+        if length is None or length > len(body):
+            raise invalid(f"{HEADER_LENGTH} {header_length!r} does not fit a {len(body)}-byte body")
+        header, tail = body[:length], body[length:]
     if not header.strip():
-        raise BadRequest("JSON Parse error: The document is empty")
+        raise invalid("JSON Parse error: The document is empty")
     try:
         request = json.loads(header)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"JSON Parse error: {exc}") from exc
+        raise invalid(f"JSON Parse error: {exc}") from exc
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
-        raise BadRequest("Inference request needs a non-empty 'inputs' list")
+        raise invalid("Inference request needs a non-empty 'inputs' list")
     return request, tail
 
 
@@ -94,11 +59,11 @@ def decode_length_prefixed(raw: bytes, name: str) -> list[bytes]:
     items, offset = [], 0
     while offset < len(raw):
         if offset + 4 > len(raw):
-            raise BadRequest(f"Input {name!r}: truncated BYTES element length")
+            raise invalid(f"Input {name!r}: truncated BYTES element length")
         (size,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + size > len(raw):
-            raise BadRequest(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
+            raise invalid(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
         items.append(raw[offset:offset + size])
         offset += size
     return items
@@ -115,22 +80,22 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
     name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
     if not isinstance(name, str) or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0
                                                                           for d in shape):
-        raise BadRequest(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
+        raise invalid(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
     if datatype != "BYTES" and datatype not in NUMPY_TYPES:
-        raise BadRequest(f"Input {name!r}: unsupported datatype {datatype!r}")
-    parameters = spec.get("parameters") or {}
-    count = int(np.prod(shape)) if shape else 1
+        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
+    parameters = object_field(spec, "parameters", f"Input {name!r}: ")
+    count = math.prod(shape)  # exact: numpy's int64 product wraps for huge shapes
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
         if not isinstance(size, int) or size < 0 or offset + size > len(tail):
-            raise BadRequest(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
+            raise invalid(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
         raw, offset = tail[offset:offset + size], offset + size
         if datatype == "BYTES":
             values: Any = np.array(decode_length_prefixed(raw, name), dtype=object)
         else:
             dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
             if len(raw) != count * dtype.itemsize:
-                raise BadRequest(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
+                raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
             values = np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype])
     elif "data" in spec:
         flat = flatten(spec["data"])
@@ -141,23 +106,20 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
             try:
                 values = np.array(flat, dtype=NUMPY_TYPES[datatype])
             except (TypeError, ValueError) as exc:
-                raise BadRequest(f"Input {name!r}: data is not {datatype}: {exc}") from exc
+                raise invalid(f"Input {name!r}: data is not {datatype}: {exc}") from exc
     else:
-        raise BadRequest(f"Input {name!r} has neither 'data' nor parameters.binary_data_size")
+        raise invalid(f"Input {name!r} has neither 'data' nor parameters.binary_data_size")
     if values.size != count:
-        raise BadRequest(f"Input {name!r}: {values.size} elements do not match shape {shape}")
+        raise invalid(f"Input {name!r}: {values.size} elements do not match shape {shape}")
     return values.reshape(shape), offset
 
 
 def decode_string(value: Any, name: str, is_base64: bool) -> bytes:
     if not isinstance(value, str):
-        raise BadRequest(f"Input {name!r}: BYTES data must be strings")
+        raise invalid(f"Input {name!r}: BYTES data must be strings")
     if not is_base64:
         return value.encode("utf-8")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadRequest(f"Input {name!r}: invalid base64 data: {exc}") from exc
+    return b64decode(value, f"input {name!r}")
 
 
 # ---- response encoding ------------------------------------------------------------------------------------
@@ -223,16 +185,9 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 # ---- routes -----------------------------------------------------------------------------------------------
 
 def create_blueprint(core: Any) -> flask.Blueprint:
-    """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status."""
+    """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
+    error handlers make it), except health answers, whose bodies are empty (SPEC §6)."""
     bp = flask.Blueprint("kserve_v2", __name__)
-
-    @bp.errorhandler(ServingError)
-    def serving_error(err: ServingError) -> flask.Response:
-        return error_response(err)
-
-    def ensure_known(model: str) -> None:
-        if model not in core.model_names():
-            raise ServingError("NOT_FOUND", f"Servable not found for request: Latest({model})")
 
     def probe(ok: bool) -> flask.Response:
         return flask.Response(status=200 if ok else 503)
@@ -252,13 +207,17 @@ def create_blueprint(core: Any) -> flask.Blueprint:
     @bp.get("/v2/models/<model>/ready")
     @bp.get("/v2/models/<model>/versions/<version>/ready")
     def model_ready(model: str, version: str | None = None) -> flask.Response:
-        ensure_known(model)
-        return probe(core.model_ready(model, version_arg(version)))
+        if model not in core.model_names():
+            return flask.Response(status=404)
+        number = ascii_int(version)
+        if version is not None and number is None:
+            return flask.Response(status=400)
+        return probe(core.model_ready(model, number))
 
     @bp.get("/v2/models/<model>")
     @bp.get("/v2/models/<model>/versions/<version>")
     def metadata(model: str, version: str | None = None) -> Any:
-        resolved, signatures = core.signatures(model, version_arg(version))
+        resolved, signatures = core.signatures(model, parse_version(version))
         signature = signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
 
         def tensors(infos: dict[str, Any]) -> list[dict[str, Any]]:
@@ -275,34 +234,35 @@ def create_blueprint(core: Any) -> flask.Blueprint:
         deadline = time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0
         request, tail = split_body(request_body(core.options.max_request_bytes),
                                    flask.request.headers.get(HEADER_LENGTH))
-        parameters = request.get("parameters") or {}
+        parameters = object_field(request, "parameters", "The request's ")
         base64_default = parameters.get("content_type") == "base64"
         inputs, offset = {}, 0
         for spec in request["inputs"]:
             if not isinstance(spec, dict):
-                raise BadRequest("Each input must be an object")
+                raise invalid("Each input must be an object")
             inputs[spec.get("name")], offset = decode_input(spec, tail, offset, base64_default)
         requested = request.get("outputs") or []
         if not isinstance(requested, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
                                                       for o in requested):
-            raise BadRequest("'outputs' must be a list of objects with a 'name'")
-        result = core.predict(model=model, inputs=inputs, version=version_arg(version),
-                              signature_name=parameters.get("signature_name", ""),
+            raise invalid("'outputs' must be a list of objects with a 'name'")
+        output_parameters = {o["name"]: object_field(o, "parameters", f"Output {o['name']!r}: ") for o in requested}
+        result = core.predict(model=model, inputs=inputs, version=parse_version(version),
+                              signature_name=string_field(parameters, "signature_name"),
                               output_filter=[o["name"] for o in requested] or None, deadline=deadline,
                               entrypoint="REST")
         all_binary = bool(parameters.get("binary_data_output", False))
         arrays = []
         for out in requested or [{"name": name} for name in result.outputs]:
-            out_params = out.get("parameters") or {}
+            out_params = output_parameters.get(out["name"], {})
             if out["name"] not in result.outputs:
-                raise BadRequest(f"Output {out['name']!r} is not an output of the signature")
+                raise invalid(f"Output {out['name']!r} is not an output of the signature")
             array = result.outputs[out["name"]]
             count = out_params.get("classification", 0)
             if count:
                 if not isinstance(count, int) or count < 0 or datatype_of(array) == "BYTES":
-                    raise BadRequest(f"Output {out['name']!r}: classification needs a positive integer on a "
-                                     "numeric output")
-                array = classification(array, count, core.labels(result.model, result.version))
+                    raise invalid(f"Output {out['name']!r}: classification needs a positive integer on a "
+                                  "numeric output")
+                array = classification(array, count, result.labels)
             arrays.append(({"name": out["name"]}, array, bool(out_params.get("binary_data", all_binary))))
         header = {"model_name": result.model, "model_version": str(result.version)}
         if "id" in request:

@@ -19,11 +19,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
 from tensorflow.core.protobuf import saved_model_pb2
 
+from training.export import LABELS_ASSET, SAVED_MODEL_FILE, latest_version, read_labels
+from training.strategy import resolve_strategy
+
 logger = logging.getLogger(__name__)
 
 SIGNATURE = "predict_images"
 SIGNATURE_INPUT = "images"
-LABELS_ASSET = "assets/labels.txt"
 METRICS_NAMESPACE = "petal.batch"
 # The numeric outputs come back from the device; class names are looked up on the host, because string
 # tensors cannot live on a TPU.
@@ -40,27 +42,11 @@ class ModelInfo:
     labels: tuple[str, ...]
 
 
-def resolve_model_dir(model_dir: str) -> str:
-    """A version directory is used as is; a base path means its latest (highest integer) version."""
-    path = model_dir.rstrip("/")
-    if tf.io.gfile.exists(f"{path}/saved_model.pb"):
-        return path
-    versions = [int(name.rstrip("/")) for name in _listdir(path) if name.rstrip("/").isdigit()
-                and tf.io.gfile.exists(f"{path}/{name.rstrip('/')}/saved_model.pb")]
-    if not versions:
-        raise FileNotFoundError(f"no SavedModel in {model_dir} (neither saved_model.pb nor integer version dirs)")
-    return f"{path}/{max(versions)}"
-
-
-def _listdir(path: str) -> list[str]:
-    return tf.io.gfile.listdir(path) if tf.io.gfile.isdir(path) else []
-
-
 def read_model_info(model_dir: str) -> ModelInfo:
     """Image size from the signature's input spec and labels from the assets, without loading the graph."""
-    path = resolve_model_dir(model_dir)
+    path = latest_version(model_dir)
     saved_model = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(f"{path}/saved_model.pb", "rb") as f:
+    with tf.io.gfile.GFile(f"{path}/{SAVED_MODEL_FILE}", "rb") as f:
         saved_model.ParseFromString(f.read())
     signatures = saved_model.meta_graphs[0].signature_def
     if SIGNATURE not in signatures:
@@ -68,19 +54,19 @@ def read_model_info(model_dir: str) -> ModelInfo:
     dims = [d.size for d in signatures[SIGNATURE].inputs[SIGNATURE_INPUT].tensor_shape.dim]
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
-    with tf.io.gfile.GFile(f"{path}/{LABELS_ASSET}") as f:
-        labels = tuple(line.strip() for line in f if line.strip())
+    labels = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
     return ModelInfo(path=path, height=dims[1], width=dims[2], labels=labels)
 
 
 def select_strategy(use_tpu: bool, tpu: str | None = None) -> tf.distribute.Strategy:
-    """TPUStrategy when asked for, MirroredStrategy over several GPUs (or several logical CPUs, which only
-    exist when configured on purpose), else the default strategy on the one device there is."""
+    """TPUStrategy when asked for (connected as `petal train` connects), MirroredStrategy over several GPUs (or
+    several logical CPUs, which only exist when configured on purpose), else the default strategy.
+
+    Not training's resolve_strategy for the rest: a batch job on a Beam worker must not turn a TF_CONFIG it
+    happens to inherit into MultiWorkerMirroredStrategy, and logical CPU devices must count as replicas.
+    """
     if use_tpu:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
+        return resolve_strategy(tpu=tpu, use_tpu=True)
     for kind in ("GPU", "CPU"):
         devices = tf.config.list_logical_devices(kind)
         if len(devices) > 1:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Sequence
 
 from serving.client import Client, PetalError, Prediction, RequestError, from_pairs
+from serving.config import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.errors import op_error_message
 from serving.images import top_k as top_k_pairs
-
-DEFAULT_MODEL_BASE_PATH = "exported_models/flowers"
+from training.export import LABELS_ASSET, latest_version, read_labels
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -26,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--server", help="host:port of a server (REST port, or gRPC port with --grpc); "
                                          "without it the model runs in-process")
     parser.add_argument("--grpc", action="store_true", help="talk gRPC (TF Serving's Classify) to --server")
-    parser.add_argument("--model", default="flowers", help="model name on the server")
+    parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="model name on the server")
     parser.add_argument("--model_version", type=int, help="model version on the server (default: latest)")
     parser.add_argument("--model_base_path", default=DEFAULT_MODEL_BASE_PATH,
                         help="in-process: a SavedModel version directory, or a base path (latest version)")
@@ -42,24 +41,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def latest_version_dir(path: str) -> str:
-    """A version directory as is; a base path resolves to its highest integer version."""
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
-        return path
-    versions = [int(d) for d in (os.listdir(path) if os.path.isdir(path) else []) if d.isdigit()
-                and os.path.exists(os.path.join(path, d, "saved_model.pb"))]
-    if not versions:
-        raise FileNotFoundError(f"no SavedModel under {path!r}; train and export one, or pass --server")
-    return os.path.join(path, str(max(versions)))
-
-
 def predict_in_process(images: Sequence[bytes], model_dir: str, top_k: int) -> list[Prediction | str]:
     """Each image through the SavedModel's serving_default; an undecodable image gives its error message."""
     import tensorflow as tf
 
-    path = latest_version_dir(model_dir)
-    with open(os.path.join(path, "assets", "labels.txt")) as f:
-        labels = [line.strip() for line in f if line.strip()]
+    path = latest_version(model_dir)
+    labels = read_labels(f"{path}/{LABELS_ASSET}")
     signature = tf.saved_model.load(path).signatures["serving_default"]
     results: list[Prediction | str] = []
     for image in images:
@@ -119,7 +106,10 @@ def main(argv: list[str]) -> int:
     try:
         results = (predict_remote(images, args) if args.server else
                    predict_in_process(images, args.model_base_path, args.top_k))
-    except (FileNotFoundError, PetalError) as err:
+    except FileNotFoundError as err:
+        print(f"petal predict: {err}; train and export a model, or pass --server", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, PetalError) as err:
         print(f"petal predict: {err}", file=sys.stderr)
         return 1
     print(render(args.images, results, args.format))

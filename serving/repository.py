@@ -2,8 +2,9 @@
 
 A background thread polls every model's base path. New aspired versions are loaded and warmed while the old ones
 keep serving; only then are versions that are no longer aspired unloaded, after their in-flight requests finish.
-A version that fails to load is reported END with its error and is not retried, and the versions below it stay
-candidates, so a broken upload never takes a model down.
+A version that fails to load is reported END with its error and the versions below it stay candidates, so a
+broken upload never takes a model down. It is retried when its files change: a plain `cp -r` can show
+saved_model.pb before variables/ is complete, and must not leave that version dead until a restart.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.errors import ServingError, invalid, not_found, op_error_message, unavailable
 from serving.metrics import Metrics
+from training.export import LABELS_ASSET, SAVED_MODEL_FILE, exported_versions, read_labels
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ def _tensor_info(proto) -> TensorInfo:
 def read_signatures(path: str) -> dict[str, SignatureInfo]:
     """Signature defs straight from saved_model.pb: the tensor names, dtypes and method names TF Serving reports."""
     saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+    with open(os.path.join(path, SAVED_MODEL_FILE), "rb") as f:
         saved_model.ParseFromString(f.read())
     defs = saved_model.meta_graphs[0].signature_def
     return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
@@ -91,7 +93,7 @@ class Servable:
         self.signatures = read_signatures(path)
         self._loaded = tf.saved_model.load(path)
         self._fns = {key: self._loaded.signatures[key] for key in self.signatures if key in self._loaded.signatures}
-        self.labels = _read_labels(path)
+        self.labels = _labels(path)
         self.refs = 0
 
     def signature(self, name: str) -> tuple[str, SignatureInfo]:
@@ -130,34 +132,37 @@ class Servable:
         return count
 
 
-def _read_labels(path: str) -> list[str]:
-    labels_path = os.path.join(path, "assets", "labels.txt")
-    if not os.path.exists(labels_path):
-        return []
-    with open(labels_path) as f:
-        return [line.rstrip("\n") for line in f if line.strip()]
+def _labels(path: str) -> list[str]:
+    """The exported labels; a SavedModel from elsewhere may have none, and is served without them."""
+    labels_path = os.path.join(path, LABELS_ASSET)
+    return read_labels(labels_path) if os.path.exists(labels_path) else []
+
+
+def files_signature(path: str) -> tuple[tuple[str, int, int], ...]:
+    """Every file under a version directory with its size and mtime: it changes while a copy is still arriving."""
+    entries = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            try:
+                stat = os.stat(full)
+            except OSError:  # removed while we looked: the next poll sees the difference
+                continue
+            entries.append((os.path.relpath(full, path), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(entries))
 
 
 @dataclass
 class _Version:
     status: VersionStatus
     servable: Servable | None = None
+    files: tuple = ()  # files_signature when its load began: a failed version is retried once this changes
 
 
 @dataclass
 class _Model:
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, _Version] = field(default_factory=dict)
-
-
-def discover_versions(base_path: str) -> list[int]:
-    """Integer subdirectories that hold a saved_model.pb; others (and half-copied versions) are ignored."""
-    try:
-        names = os.listdir(base_path)
-    except OSError:
-        return []
-    return sorted(int(n) for n in names
-                  if n.isdigit() and os.path.exists(os.path.join(base_path, n, "saved_model.pb")))
 
 
 def aspired_versions(policy, candidates: list[int]) -> set[int]:
@@ -169,13 +174,6 @@ def aspired_versions(policy, candidates: list[int]) -> set[int]:
         return set(candidates) & set(policy.specific.versions)
     count = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
     return set(sorted(candidates)[-count:])
-
-
-def single_model_config(name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
-    config = model_server_config_pb2.ModelServerConfig()
-    model = config.model_config_list.config.add()
-    model.name, model.base_path, model.model_platform = name, base_path, "tensorflow"
-    return config
 
 
 class Repository:
@@ -255,15 +253,16 @@ class Repository:
         if config is None:
             return
         with self._lock:
-            failed = {v for v, entry in model.versions.items() if entry.status.error_code != "OK"}
-        candidates = [v for v in discover_versions(config.base_path) if v not in failed]
+            failed = {v: entry.files for v, entry in model.versions.items() if entry.status.error_code != "OK"}
+        candidates = [v for v in exported_versions(config.base_path)
+                      if v not in failed or files_signature(self._version_path(config, v)) != failed[v]]
         aspired = aspired_versions(config.model_version_policy, candidates)
         for version in sorted(aspired, reverse=True):
             with self._lock:
                 entry = model.versions.get(version)
                 if entry is not None and entry.status.state in ("LOADING", "AVAILABLE"):
                     continue
-            self._load(name, model, version, os.path.join(config.base_path, str(version)))
+            self._load(name, model, version, self._version_path(config, version))
         with self._lock:
             if not any(model.versions[v].status.state == "AVAILABLE" for v in aspired if v in model.versions):
                 return  # never unload the versions that are serving before a wanted one is AVAILABLE
@@ -271,9 +270,17 @@ class Repository:
         for version in retiring:
             self._unload(name, model, version)
 
+    @staticmethod
+    def _version_path(config: model_server_config_pb2.ModelConfig, version: int) -> str:
+        return os.path.join(config.base_path, str(version))
+
     def _load(self, name: str, model: _Model, version: int, path: str) -> None:
-        entry = _Version(VersionStatus(version, "LOADING"))
+        entry = _Version(VersionStatus(version, "LOADING"), files=files_signature(path))
         with self._lock:
+            retry = model.versions.get(version)
+            if retry is not None and retry.status.error_code != "OK":
+                logger.info("retrying a failed version whose files changed",
+                            extra={"fields": {"model": name, "version": version}})
             model.versions[version] = entry
         started = time.monotonic()
         try:
@@ -332,13 +339,6 @@ class Repository:
         """Every configured model has an AVAILABLE (hence warmed) version."""
         with self._lock:
             return self._ready_locked()
-
-    def wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while not self._ready_locked() and time.monotonic() < deadline:
-                self._lock.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-        return self.ready()
 
     def _ready_locked(self) -> bool:
         """Like TF Serving, not ready until the first pass has loaded every version aspired at startup."""

@@ -6,20 +6,20 @@ malformed path or verb gets TF Serving's 400 "Malformed request" rather than a g
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import re
 import time
-import zlib
 
 import flask
 import numpy as np
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from serving import kserve
-from serving.core import IMAGE_INPUT, Core
+from serving.core import IMAGE_INPUT, Core, SignatureInfo
 from serving.errors import ServingError, http_status, invalid
+from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, error_response, json_response, parse_version,
+                              request_body, string_field)
 
 logger = logging.getLogger(__name__)
 
@@ -27,40 +27,9 @@ _V1_PATH = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
     r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z_]+))?/?$", re.IGNORECASE)
 DEFAULT_TOP_K = 5
-RETRY_AFTER_SECONDS = "1"
-_JSON = "application/json"
-
-
-def _dumps(body: object) -> str:
-    return json.dumps(body, separators=(",", ":"))
-
-
-def error_response(status: int, message: str) -> flask.Response:
-    response = flask.Response(_dumps({"error": message}), status=status, mimetype=_JSON)
-    if status in (429, 503):
-        response.headers["Retry-After"] = RETRY_AFTER_SECONDS
-    return response
-
-
-def json_response(body: object, status: int = 200) -> flask.Response:
-    return flask.Response(_dumps(body), status=status, mimetype=_JSON)
 
 
 # --- request bodies -------------------------------------------------------------------------------------------
-
-def request_body(max_bytes: int) -> bytes:
-    """The raw body, gunzipped when sent with Content-Encoding: gzip (bounded, so a gzip bomb gets 413 too)."""
-    data = flask.request.get_data(cache=True)
-    if flask.request.headers.get("Content-Encoding", "").lower() == "gzip":
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            data = inflater.decompress(data, max_bytes + 1)
-        except zlib.error as error:
-            raise invalid(f"Invalid gzip body: {error}") from None
-        if len(data) > max_bytes or inflater.unconsumed_tail:
-            raise RequestEntityTooLarge(f"The decompressed body exceeds --max_request_bytes ({max_bytes})")
-    return data
-
 
 def json_body(max_bytes: int) -> dict:
     data = request_body(max_bytes)
@@ -76,14 +45,7 @@ def json_body(max_bytes: int) -> dict:
 
 
 def _b64(value: dict) -> bytes:
-    text = value["b64"]
-    if not isinstance(text, str):
-        raise invalid("'b64' must be a string of standard base64")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid("Unable to base64 decode: the value is not standard (RFC 4648 §4) base64 with padding; "
-                      "URL-safe base64 is not accepted") from None
+    return b64decode(value["b64"], "'b64'")
 
 
 def _is_b64(value: object) -> bool:
@@ -105,10 +67,15 @@ def _named(value: object) -> bool:
     return isinstance(value, dict) and not _is_b64(value)
 
 
-def predict_inputs(body: dict, input_names: list[str]) -> tuple[dict[str, object], bool]:
-    """A predict request's tensors by input name, and whether it was in row ("instances") format."""
+def check_predict_body(body: dict) -> bool:
+    """Whether a predict request is in row ("instances") format rather than columnar ("inputs")."""
     if ("instances" in body) == ("inputs" in body):
         raise invalid("Exactly one of \"instances\" (row format) or \"inputs\" (columnar format) must be present")
+    return "instances" in body
+
+
+def predict_inputs(body: dict, input_names: list[str]) -> dict[str, object]:
+    """A predict request's tensors by input name (unnamed values go to the signature's only input)."""
     if "instances" in body:
         rows = body["instances"]
         if not isinstance(rows, list) or not rows:
@@ -117,20 +84,20 @@ def predict_inputs(body: dict, input_names: list[str]) -> tuple[dict[str, object
             keys = set(rows[0])
             if any(set(row) != keys for row in rows):
                 raise invalid("Every instance must have the same input names")
-            return {k: decode_b64([row[k] for row in rows]) for k in keys}, True
+            return {k: decode_b64([row[k] for row in rows]) for k in keys}
         if any(_named(row) for row in rows):
             raise invalid("Instances must be all objects keyed by input name, or all plain values")
         if len(input_names) != 1:
             raise invalid(f"The signature has {len(input_names)} inputs {input_names}; each instance must be an "
                           "object keyed by input name")
-        return {input_names[0]: decode_b64(rows)}, True
+        return {input_names[0]: decode_b64(rows)}
     columns = body["inputs"]
     if _named(columns):
-        return {k: decode_b64(v) for k, v in columns.items()}, False
+        return {k: decode_b64(v) for k, v in columns.items()}
     if len(input_names) != 1:
         raise invalid(f"The signature has {len(input_names)} inputs {input_names}; \"inputs\" must be an object "
                       "keyed by input name")
-    return {input_names[0]: decode_b64(columns)}, False
+    return {input_names[0]: decode_b64(columns)}
 
 
 # --- responses ------------------------------------------------------------------------------------------------
@@ -191,21 +158,14 @@ def metadata_response(name: str, version: int, signatures) -> dict:
 
 # --- the app --------------------------------------------------------------------------------------------------
 
-def _version(text: str | None) -> int | None:
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise invalid(f"Malformed request: version {text!r} is not an integer")
-    return int(text)
-
-
 def _top_k(default: int) -> int:
     text = flask.request.args.get("top_k")
     if text is None:
         return default
-    if not text.isdigit() or int(text) < 1:
+    top_k = ascii_int(text)
+    if top_k is None or top_k < 1:
         raise invalid(f"top_k must be a positive integer, got {text!r}")
-    return int(text)
+    return top_k
 
 
 def create_app(core: Core) -> flask.Flask:
@@ -259,7 +219,7 @@ def create_app(core: Core) -> flask.Flask:
                 or (match.group("metadata") and request.method != "GET"):
             raise invalid(f"Malformed request: {request.method} {request.path}")
         name, label = match.group("name"), match.group("label")
-        version = _version(match.group("version"))
+        version = parse_version(match.group("version"))
         if request.method == "GET":
             if match.group("metadata"):
                 resolved, signatures = core.signatures(name, version, label)
@@ -278,16 +238,12 @@ def create_app(core: Core) -> flask.Flask:
 
     def _predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         body = json_body(options.max_request_bytes)
-        signature_name = body.get("signature_name", "")
-        if not isinstance(signature_name, str):
-            raise invalid("\"signature_name\" must be a string")
-        resolved, signatures = core.signatures(name, version, label)
-        signature = signatures.get(signature_name or "serving_default")
-        if signature is None:
-            raise invalid(f"Serving signature name: \"{signature_name or 'serving_default'}\" not found in "
-                          "signature def")
-        inputs, row_format = predict_inputs(body, list(signature.inputs))
-        result = core.predict(name, inputs, version=resolved, signature_name=signature_name, deadline=deadline)
+        signature_name = string_field(body, "signature_name")
+        row_format = check_predict_body(body)
+
+        def inputs(signature: SignatureInfo) -> dict[str, object]:
+            return predict_inputs(body, list(signature.inputs))
+        result = core.predict(name, inputs, version, label, signature_name, deadline=deadline)
         return json_response(predict_response(result.outputs, row_format))
 
     def _classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
@@ -304,13 +260,13 @@ def create_app(core: Core) -> flask.Flask:
             if not _is_b64(value):
                 raise invalid(f"Each example needs an {IMAGE_INPUT!r} feature holding {{\"b64\": ...}} image bytes")
             images.append(_b64(value))
-        _, results = core.classify_images(name, images, version, label, body.get("signature_name", ""),
+        _, results = core.classify_images(name, images, version, label, string_field(body, "signature_name"),
                                           top_k=1 << 30, deadline=deadline)
         return json_response({"results": [[[lbl, score] for lbl, score in row] for row in results]})
 
     def _regress(name: str, version: int | None, label: str | None) -> flask.Response:
         body = json_body(options.max_request_bytes)
-        key = body.get("signature_name") or "serving_default"
+        key = string_field(body, "signature_name") or DEFAULT_SIGNATURE
         _, signatures = core.signatures(name, version, label)
         if key not in signatures:
             raise invalid(f"Serving signature name: \"{key}\" not found in signature def")

@@ -16,7 +16,7 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
-from serving.config import ServerOptions, parse_args
+from serving.config import ServerOptions, bind_address, parse_args
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def _post_worker_init(worker) -> None:
     grpc_server = None
     if options.port:
         from serving import grpc_server as grpc_module
-        grpc_server = grpc_module.start(core, options.port, options.grpc_max_message_bytes,
+        grpc_server = grpc_module.start(core, options.host, options.port, options.grpc_max_message_bytes,
                                         options.grpc_channel_arguments)
     worker.petal_grpc = grpc_server
     gunicorn_handler = worker.handle_exit
@@ -70,7 +70,7 @@ class PetalApplication(BaseApplication):
     def load_config(self) -> None:
         o = self.options
         settings = {
-            "bind": [f"{o.host}:{o.rest_api_port}"],
+            "bind": [bind_address(o.host, o.rest_api_port)],
             "workers": o.workers,
             "worker_class": "gthread",
             "threads": o.threads,

@@ -58,21 +58,29 @@ def _has_flag(args: tuple[str, ...], name: str) -> bool:
     return any(a == name or a.startswith(name + "=") for a in args)
 
 
+def _flag_value(args: tuple[str, ...], name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in args if a.startswith(name + "=")), None)
+
+
 @contextmanager
 def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,
                stop_timeout: float = 60.0) -> Iterator[Server]:
-    """`petal serve ARGS` on free ports; yields once /readyz is 200 (or /healthz, with wait_ready=False)."""
+    """`petal serve ARGS` on free ports; yields once /readyz is 200 (or /healthz, with wait_ready=False).
+
+    It binds 127.0.0.1 unless ARGS say `--host=ADDRESS` (another loopback address, say), and the URLs follow.
+    """
     args = tuple(petal_serve_args)
+    host = _flag_value(args, "--host") or "127.0.0.1"
     rest_port = free_port()
     grpc_port = 0 if _has_flag(args, "--port") else free_port()
-    extra = ["--host=127.0.0.1", f"--rest_api_port={rest_port}"]
+    extra = [f"--host={host}", f"--rest_api_port={rest_port}"]
     if grpc_port:
         extra.append(f"--port={grpc_port}")
     log_file = tempfile.NamedTemporaryFile(prefix="petal-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "petal", "serve", *extra, *args], cwd=ROOT,
                             stdout=log_file, stderr=subprocess.STDOUT,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    server = Server(f"http://127.0.0.1:{rest_port}", f"127.0.0.1:{grpc_port}", proc, log_file.name)
+    server = Server(f"http://{host}:{rest_port}", f"{host}:{grpc_port}", proc, log_file.name)
     try:
         probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

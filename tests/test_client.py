@@ -1,18 +1,21 @@
-"""serving.client against a real server: REST and gRPC answers, clear 4xx errors, and retries of 503 through a
+"""serving.client against a real server: REST and gRPC answers, clear 4xx errors, retries of 503 through a
 real HTTP proxy in front of it that answers 503 for its first requests (as a load balancer does while a
-backend restarts)."""
+backend restarts), and retries of gRPC UNAVAILABLE from a real server whose batch queue is full."""
 from __future__ import annotations
 
+import concurrent.futures
 import http.server
+import re
 import threading
 import time
 import urllib.request
 
 import numpy as np
 import pytest
+import requests
 import tensorflow as tf
 
-from server_harness import free_port, run_server, tiny_model_base
+from server_harness import copy_model, free_port, run_server, tiny_model_base
 from serving.client import Client, RequestError, ServerError, predict
 from training.synth import CLASSES, render
 
@@ -154,6 +157,46 @@ def test_nothing_listening_is_unavailable_after_backoff(images, use_grpc):
         with pytest.raises(ServerError) as info:
             client.predict(images[:1])
     assert info.value.code == "UNAVAILABLE"
+
+
+def request_counts(server) -> dict[str, int]:
+    """The server's own count of answered requests by status, from its Prometheus metrics."""
+    text = requests.get(server.rest_url + "/monitoring/prometheus/metrics", timeout=10).text
+    return {status: int(float(count)) for status, count in re.findall(
+        r'^:tensorflow:serving:request_count\{model_name="flowers",status="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_grpc_retries_unavailable_from_a_full_batch_queue(tmp_path, images, expected):
+    base = str(tmp_path / "flowers")
+    copy_model(base, 1)
+    batching = tmp_path / "batching.config"
+    # Two rows fit in the queue and a batch waits 200 ms for company: a burst of 16 overflows it.
+    batching.write_text("max_batch_size { value: 2 } batch_timeout_micros { value: 200000 } "
+                        "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 }")
+    burst = 16
+    with run_server(f"--model_base_path={base}", f"--batching_parameters_file={batching}") as srv:
+        with Client(srv.grpc_target, use_grpc=True, retries=0, timeout=30) as client, \
+                concurrent.futures.ThreadPoolExecutor(burst) as pool:
+            outcomes = list(pool.map(lambda _: _outcome(client, images[:1]), range(burst)))
+        refused = [o for o in outcomes if isinstance(o, ServerError)]
+        assert refused and all(e.code == "UNAVAILABLE" and "queue" in e.message for e in refused), outcomes
+
+        before = request_counts(srv)
+        with Client(srv.grpc_target, use_grpc=True, retries=40, backoff=0.05, timeout=60) as client, \
+                concurrent.futures.ThreadPoolExecutor(burst) as pool:
+            predictions = list(pool.map(lambda _: client.predict(images[:1], top_k=1)[0], range(burst)))
+        after = request_counts(srv)
+    assert [p.label for p in predictions] == [expected[0][0][0]] * burst
+    # Every image was answered once, and the attempts the server refused were all sent again.
+    assert after["OK"] - before.get("OK", 0) == burst
+    assert after.get("UNAVAILABLE", 0) - before.get("UNAVAILABLE", 0) > 0, (before, after)
+
+
+def _outcome(client: Client, images: list[bytes]):
+    try:
+        return client.predict(images, top_k=1)[0]
+    except ServerError as error:
+        return error
 
 
 def test_top_k_must_be_positive():

@@ -1,10 +1,15 @@
 """The same images give the same prediction over every way Petal offers: REST :predict, :classify_image,
 gRPC Predict and Classify, KServe V2 infer, `petal predict` (REST, gRPC, in-process) and the SavedModel
-called directly. One preprocessing path, in the graph, makes this hold; this test keeps it holding."""
+called directly. One preprocessing path, in the graph, makes this hold; this test keeps it holding.
+
+It serves the shipped, trained model (exported_models/flowers), which tells the synthetic classes apart with
+confidence, so agreeing on the class and the ranking means something (an untrained model's near-uniform scores
+would agree on almost anything)."""
 from __future__ import annotations
 
 import base64
 import json
+import os
 
 import grpc
 import numpy as np
@@ -13,17 +18,18 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from server_harness import run_server, tiny_model_base
+from server_harness import ROOT, run_server
 from serving import predict as predict_cli
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+SHIPPED_MODEL = os.path.join(ROOT, "exported_models", "flowers")
 
 
 @pytest.fixture(scope="module")
 def server():
-    with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers") as srv:
+    with run_server(f"--model_base_path={SHIPPED_MODEL}", "--model_name=flowers") as srv:
         yield srv
 
 
@@ -45,8 +51,15 @@ def images(image_files) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def reference(images) -> np.ndarray:
-    signature = tf.saved_model.load(f"{tiny_model_base()}/1").signatures["serving_default"]
-    return signature(image_bytes=tf.constant(images))["probabilities"].numpy()
+    """The SavedModel's own probabilities; each image (rendered as class i) must be classified as class i."""
+    signature = tf.saved_model.load(f"{SHIPPED_MODEL}/1").signatures["serving_default"]
+    probabilities = signature(image_bytes=tf.constant(images))["probabilities"].numpy()
+    assert list(probabilities.argmax(axis=1)) == list(range(len(CLASSES))), "the shipped model is not trained"
+    return probabilities
+
+
+def ranked(expected: np.ndarray) -> list[str]:
+    return [CLASSES[i] for i in np.argsort(-expected, kind="stable")]
 
 
 def by_label(pairs) -> np.ndarray:
@@ -72,6 +85,7 @@ def test_rest_classify_image(server, images, reference):
         assert response.status_code == 200, response.text
         pairs = [(p["label"], p["score"]) for p in response.json()["predictions"]]
         np.testing.assert_allclose(by_label(pairs), expected, **TOLERANCE)
+        assert [label for label, _ in pairs][:2] == ranked(expected)[:2]
 
 
 def test_grpc_predict(server, images, reference):
@@ -102,10 +116,11 @@ def test_petal_predict(server, image_files, reference, mode, capsys):
     elif mode == "grpc":
         args += ["--server", server.grpc_target, "--grpc"]
     else:
-        args += ["--model_base_path", tiny_model_base()]
+        args += ["--model_base_path", SHIPPED_MODEL]
     assert predict_cli.main(args) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["image"] for line in lines] == image_files
     for line, expected in zip(lines, reference):
         scores = by_label([(p["label"], p["score"]) for p in line["predictions"]])
         np.testing.assert_allclose(scores, expected, **TOLERANCE)
+        assert [p["label"] for p in line["predictions"]][:2] == ranked(expected)[:2]

@@ -20,6 +20,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
+from serving.config import bind_address
 from serving.grpc_server import parse_channel_arguments
 from training.synth import CLASSES, render
 
@@ -274,6 +275,46 @@ def test_channel_arguments_parse():
     assert parse_channel_arguments("") == []
     with pytest.raises(ValueError):
         parse_channel_arguments("no_equals_sign")
+
+
+def test_bind_address_brackets_ipv6_literals():
+    assert bind_address("127.0.0.1", 8500) == "127.0.0.1:8500"
+    assert bind_address("::", 8500) == "[::]:8500"
+    assert bind_address("[::1]", 8501) == "[::1]:8501"
+
+
+def model_status(target: str) -> get_model_status_pb2.GetModelStatusResponse:
+    with grpc.insecure_channel(target) as ch:
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = "flowers"
+        return model_service_pb2_grpc.ModelServiceStub(ch).GetModelStatus(request, timeout=10)
+
+
+def test_two_workers_bind_only_the_host_given_and_refuse_a_one_worker_reload(model_base):
+    """--host applies to gRPC as to REST; a reload RPC would reach one worker of two, so it is refused."""
+    with run_server(f"--model_base_path={model_base}", "--model_name=flowers", "--workers=2",
+                    "--host=127.0.0.2") as srv:
+        port = srv.grpc_target.rsplit(":", 1)[1]
+        [status] = model_status(srv.grpc_target).model_version_status  # the other worker may still be loading
+        assert status.version == 1
+        err = rpc_error(model_status, f"127.0.0.1:{port}")
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(requests.ConnectionError):
+            requests.get(srv.rest_url.replace("127.0.0.2", "127.0.0.1") + "/healthz", timeout=5)
+
+        config = model_server_config_pb2.ModelServerConfig()
+        config.model_config_list.config.add(name="other", base_path=model_base, model_platform="tensorflow")
+        for _ in range(4):  # each new connection may land on either worker: both must refuse
+            with grpc.insecure_channel(srv.grpc_target) as ch:
+                err = rpc_error(model_service_pb2_grpc.ModelServiceStub(ch).HandleReloadConfigRequest,
+                                model_management_pb2.ReloadConfigRequest(config=config), timeout=30)
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "--model_config_file_poll_wait_seconds" in err.details() and "2 worker" in err.details()
+            # No worker took it: "other" would otherwise be a known service at once (NOT_SERVING while loading).
+            with grpc.insecure_channel(srv.grpc_target) as ch:
+                err = rpc_error(health_pb2_grpc.HealthStub(ch).Check, health_pb2.HealthCheckRequest(service="other"),
+                                timeout=10)
+            assert err.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_health_serving_then_not_serving_during_graceful_shutdown(model_base):

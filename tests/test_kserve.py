@@ -67,6 +67,15 @@ def test_health_and_readiness(triton):
     assert not triton.is_model_ready("nope")
 
 
+@pytest.mark.parametrize("path, status", [("/v2/models/flowers/ready", 200), ("/v2/models/nope/ready", 404),
+                                          ("/v2/models/nope/versions/1/ready", 404),
+                                          ("/v2/models/flowers/versions/9/ready", 503),
+                                          ("/v2/models/flowers/versions/\u00b2/ready", 400)])
+def test_model_ready_answers_have_empty_bodies(server, path, status):
+    response = requests.get(server.rest_url + path, timeout=10)
+    assert (response.status_code, response.content) == (status, b"")
+
+
 def test_metadata(triton, server):
     metadata = triton.get_model_metadata("flowers")
     assert metadata["name"] == "flowers" and metadata["versions"] == ["1"]
@@ -141,6 +150,14 @@ def bytes_body(data: list[str]) -> dict:
                         "parameters": {"content_type": "base64"}, "data": data}]}
 
 
+def with_parameters(where: str, value) -> dict:
+    """A valid request except for one `parameters` (of the request, its input or its output) set to `value`."""
+    body = {**bytes_body([SMALL_JPEG_B64]), "outputs": [{"name": "classid"}]}
+    target = {"request": body, "input": body["inputs"][0], "output": body["outputs"][0]}[where]
+    target["parameters"] = value
+    return body
+
+
 @pytest.mark.parametrize("body, status, fragment", [
     (b"", 400, "empty"),
     (b"{not json", 400, "JSON"),
@@ -150,8 +167,14 @@ def bytes_body(data: list[str]) -> dict:
     ({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "COMPLEX", "data": [1]}]}, 400, "datatype"),
     (bytes_body([base64.b64encode(b"not an image").decode()]), 400, "image"),
     ({**bytes_body([SMALL_JPEG_B64]), "outputs": [{"name": "nope"}]}, 400, "nope"),
+    (with_parameters("request", [1]), 400, "The request's 'parameters' must be an object, got list"),
+    (with_parameters("input", "base64"), 400, "Input 'image_bytes': 'parameters' must be an object, got str"),
+    (with_parameters("output", 3), 400, "Output 'classid': 'parameters' must be an object, got int"),
+    (with_parameters("request", {"signature_name": ["serving_default"]}), 400,
+     '"signature_name" must be a string, got list'),
 ], ids=["empty", "bad-json", "no-inputs", "bad-base64", "shape-mismatch", "bad-datatype", "bad-image",
-        "unknown-output"])
+        "unknown-output", "request-parameters-list", "input-parameters-string", "output-parameters-number",
+        "signature-name-list"])
 def test_bad_requests_are_4xx_json(server, body, status, fragment):
     response = post_infer(server, body)
     assert response.status_code == status, response.text
@@ -164,8 +187,12 @@ def test_unknown_model_and_version_are_404(server, images):
     assert response.status_code == 404 and "nope" in response.json()["error"]
     response = requests.post(f"{server.rest_url}/v2/models/flowers/versions/9/infer", json=body, timeout=30)
     assert response.status_code == 404
-    response = requests.post(f"{server.rest_url}/v2/models/flowers/versions/x/infer", json=body, timeout=30)
-    assert response.status_code == 400
+    for version in ("x", "\u00b2"):
+        response = requests.post(f"{server.rest_url}/v2/models/flowers/versions/{version}/infer", json=body,
+                                 timeout=30)
+        assert response.status_code == 400 and "Malformed request" in response.json()["error"], response.text
+    response = requests.get(f"{server.rest_url}/v2/models/flowers/versions/\u00b2", timeout=30)
+    assert response.status_code == 400 and "Malformed request" in response.json()["error"], response.text
 
 
 def test_truncated_binary_data_is_400(server, images):
@@ -174,8 +201,9 @@ def test_truncated_binary_data_is_400(server, images):
                                      "parameters": {"binary_data_size": len(raw)}}]}).encode()
     response = post_infer(server, header + raw, {"Inference-Header-Content-Length": str(len(header))})
     assert response.status_code == 400 and "overruns" in response.json()["error"]
-    response = post_infer(server, header + raw, {"Inference-Header-Content-Length": str(len(header) * 100)})
-    assert response.status_code == 400 and "Inference-Header-Content-Length" in response.json()["error"]
+    for length in (str(len(header) * 100), "\u00b2", "-1"):
+        response = post_infer(server, header + raw, {"Inference-Header-Content-Length": length})
+        assert response.status_code == 400 and "Inference-Header-Content-Length" in response.json()["error"]
 
 
 def test_tritonclient_raises_on_bad_input(triton):

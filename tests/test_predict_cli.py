@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from server_harness import tiny_model_base
 from serving import predict as predict_cli
+from serving.config import DEFAULT_MODEL_BASE_PATH
 from training.synth import CLASSES, render
 
 PETAL = os.path.join(os.path.dirname(sys.executable), "petal")
@@ -61,6 +62,15 @@ def test_table_and_bad_image(model_base, image_files, tmp_path, capsys):
     assert ranks == ["1", "2", "3"]
     [error_line] = [line for line in lines if line.startswith(str(bad))]
     assert "INVALID_ARGUMENT" in error_line and "image file format" in error_line
+
+
+def test_default_model_is_found_from_any_working_directory(image_files, tmp_path):
+    assert os.path.isabs(DEFAULT_MODEL_BASE_PATH)
+    result = subprocess.run([PETAL, "predict", image_files[0], "--top_k", "1", "--format", "json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [prediction] = json.loads(result.stdout)["predictions"]
+    assert prediction["label"] in CLASSES and 0 < prediction["score"] <= 1
 
 
 def test_clear_errors_for_missing_model_and_file(tmp_path, image_files, capsys):

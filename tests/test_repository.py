@@ -1,5 +1,7 @@
-"""The model repository in-process on real SavedModels: policies, labels, failures, warmup, unloading."""
+"""The model repository in-process on real SavedModels: policies, labels, failures, retries, warmup, unloading."""
+import logging
 import os
+import shutil
 import threading
 import time
 
@@ -9,8 +11,9 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.errors import ServingError
 from serving.metrics import Metrics
-from serving.repository import Repository, aspired_versions, discover_versions
-from server_harness import copy_model
+from serving.repository import Repository, aspired_versions
+from server_harness import copy_model, tiny_model_base
+from training.export import exported_versions, latest_version, read_labels
 
 
 def config(base: str, extra: str = "") -> model_server_config_pb2.ModelServerConfig:
@@ -28,7 +31,26 @@ def test_discovery_ignores_non_integer_and_incomplete_versions(tmp_path):
     copy_model(base, 3)
     os.makedirs(os.path.join(base, "7"))  # no saved_model.pb yet: still being copied
     os.makedirs(os.path.join(base, "tmp"))
-    assert discover_versions(base) == [3]
+    assert exported_versions(base) == [3]
+    assert latest_version(base) == os.path.join(base, "3")
+    assert latest_version(os.path.join(base, "3")) == os.path.join(base, "3")
+    assert exported_versions(os.path.join(base, "missing")) == []
+    with pytest.raises(FileNotFoundError, match="no SavedModel"):
+        latest_version(os.path.join(base, "7"))
+
+
+def test_read_labels_skips_blank_lines_and_rejects_bad_files(tmp_path):
+    path = tmp_path / "labels.txt"
+    path.write_text("daisy\n\n roses \r\ntulips")
+    assert read_labels(str(path)) == ["daisy", "roses", "tulips"]
+    path.write_text("daisy\nroses\ndaisy\n")
+    with pytest.raises(ValueError, match="twice"):
+        read_labels(str(path))
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="no labels"):
+        read_labels(str(path))
+    with pytest.raises(FileNotFoundError):
+        read_labels(str(tmp_path / "missing.txt"))
 
 
 def test_policies():
@@ -94,6 +116,46 @@ def test_broken_version_is_reported_and_the_old_one_keeps_serving(tmp_path):
     assert status[1].state == "AVAILABLE" and repo.ready()
     with repo.serving("flowers") as servable:
         assert servable.version == 1
+
+
+def test_unchanged_broken_version_is_not_reloaded_every_poll(tmp_path, caplog):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    os.makedirs(os.path.join(base, "2"))
+    with open(os.path.join(base, "2", "saved_model.pb"), "wb") as f:
+        f.write(b"this is not a SavedModel")
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    with caplog.at_level(logging.INFO, logger="serving.repository"):
+        for _ in range(3):
+            repo.poll_now()
+    failures = [r for r in caplog.records if r.getMessage() == "version failed to load"]
+    assert len(failures) == 1 and states(repo) == {2: "END", 1: "AVAILABLE"}
+
+
+def test_version_copied_in_non_atomically_becomes_available(tmp_path):
+    """`cp -r` shows saved_model.pb before variables/ is complete: the first load fails, and the version is
+    retried once its files change rather than staying END until a restart."""
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    repo.poll_now()
+    source, target = os.path.join(tiny_model_base(), "1"), os.path.join(base, "2")
+    os.makedirs(target)
+    shutil.copy2(os.path.join(source, "saved_model.pb"), target)
+    repo.poll_now()
+    status = {s.version: s for s in repo.status("flowers")}
+    assert status[2].state == "END" and status[2].error_code != "OK"
+    assert status[1].state == "AVAILABLE"
+    for name in sorted(os.listdir(source)):
+        if name != "saved_model.pb":
+            copy = shutil.copytree if os.path.isdir(os.path.join(source, name)) else shutil.copy2
+            copy(os.path.join(source, name), os.path.join(target, name))
+    repo.poll_now()
+    status = {s.version: s for s in repo.status("flowers")}
+    assert status[2].state == "AVAILABLE" and status[2].error_code == "OK" and not status[2].error_message
+    assert status[1].state == "END"
+    with repo.serving("flowers") as servable:
+        assert servable.version == 2 and servable.labels[0] == "daisy"
 
 
 def test_unload_waits_for_requests_in_flight(tmp_path):

@@ -1,11 +1,14 @@
 """Every REST endpoint and a battery of bad inputs, against a real `petal serve` (gunicorn) subprocess."""
 import base64
+import concurrent.futures
 import gzip
 import io
+import re
 
 import numpy as np
 import pytest
 import requests
+import tensorflow as tf
 from PIL import Image
 
 from server_harness import LABELS, copy_model, jpeg, run_server
@@ -162,14 +165,17 @@ BAD_INPUTS = [
     ("neither", PREDICT, {"json": {"signature_name": "serving_default"}}, 400, "Exactly one"),
     ("bad base64", PREDICT, {"json": {"instances": [{"b64": "###"}]}}, 400, "base64"),
     ("url-safe base64", PREDICT, {"json": {"instances": [{"b64": "_-8="}]}}, 400, "base64"),
-    ("not an image", PREDICT, {"json": {"instances": [b64(b"hello, this is not an image")]}}, 400, ""),
-    ("truncated JPEG", PREDICT, {"json": {"instances": [b64(jpeg()[:300])]}}, 400, ""),
+    ("not an image", PREDICT, {"json": {"instances": [b64(b"hello, this is not an image")]}}, 400,
+     "Unknown image file format"),
+    ("truncated JPEG", PREDICT, {"json": {"instances": [b64(jpeg()[:300])]}}, 400,
+     "Invalid JPEG data"),
     ("wrong dtype", PREDICT, {"json": {"instances": [[1.5, 2.5]]}}, 400, "DT_STRING"),
     ("wrong shape", PREDICT, {"json": {"signature_name": "predict_images", "instances": [[0.0, 1.0]]}}, 400,
      "shape"),
     ("strings for floats", PREDICT, {"json": {"signature_name": "predict_images", "instances": ["a"]}}, 400,
      "DT_FLOAT"),
-    ("ragged", PREDICT, {"json": {"signature_name": "predict_images", "instances": [[[0.0]], [0.0]]}}, 400, ""),
+    ("ragged", PREDICT, {"json": {"signature_name": "predict_images", "instances": [[[0.0]], [0.0]]}}, 400,
+     "inhomogeneous"),
     ("unknown input name", PREDICT, {"json": {"instances": [{"pixels": GOOD}]}}, 400, "Input names"),
     ("unknown model", "/v1/models/tulips:predict", {"json": {"instances": [GOOD]}}, 404,
      "Servable not found for request: Latest(tulips)"),
@@ -181,7 +187,14 @@ BAD_INPUTS = [
     ("malformed verb", "/v1/models/flowers:explode", {"json": {}}, 400, "Malformed request"),
     ("non-integer version", "/v1/models/flowers/versions/x:predict", {"json": {"instances": [GOOD]}}, 400,
      "Malformed request"),
-    ("oversized body", PREDICT, {"data": b"x" * (MAX_REQUEST_BYTES + 1)}, 413, ""),
+    ("unicode digit version", "/v1/models/flowers/versions/\u00b2:predict", {"json": {"instances": [GOOD]}}, 400,
+     "Malformed request: version '\u00b2'"),
+    ("signature_name a list", PREDICT, {"json": {"signature_name": ["serving_default"], "instances": [GOOD]}},
+     400, "\"signature_name\" must be a string"),
+    ("signature_name an object", "/v1/models/flowers:classify",
+     {"json": {"signature_name": {"a": 1}, "examples": [{"image_bytes": GOOD}]}}, 400,
+     "\"signature_name\" must be a string"),
+    ("oversized body", PREDICT, {"data": b"x" * (MAX_REQUEST_BYTES + 1)}, 413, "exceeds the capacity limit"),
     ("gzip bomb", PREDICT, {"data": gzip.compress(b" " * (MAX_REQUEST_BYTES * 3)),
                             "headers": {"Content-Encoding": "gzip"}}, 413, "max_request_bytes"),
     ("bad gzip", PREDICT, {"data": b"not gzip", "headers": {"Content-Encoding": "gzip"}}, 400, "gzip"),
@@ -194,6 +207,8 @@ BAD_INPUTS = [
     ("image endpoint wrong type", "/v1/models/flowers:classify_image", {"json": {"a": 1}}, 400, "Content-Type"),
     ("image endpoint bad top_k", "/v1/models/flowers:classify_image?top_k=0",
      {"data": jpeg(), "headers": {"Content-Type": "image/jpeg"}}, 400, "top_k"),
+    ("image endpoint unicode digit top_k", "/v1/models/flowers:classify_image?top_k=\u00b2",
+     {"data": jpeg(), "headers": {"Content-Type": "image/jpeg"}}, 400, "top_k must be a positive integer"),
     ("multipart without image", "/v1/models/flowers:classify_image", {"files": {"file": ("a", b"x")}}, 400,
      "'image'"),
     ("classify without images", "/v1/models/flowers:classify", {"json": {"examples": [{"x": 1}]}}, 400,
@@ -212,17 +227,93 @@ def test_bad_input_gets_json_4xx(server, case):
 
 def test_bad_paths(server):
     assert get(server, "/v1/models/flowers:predict").status_code == 400
+    metadata = get(server, "/v1/models/flowers/versions/\u00b2/metadata")
+    assert metadata.status_code == 400 and "Malformed request" in metadata.json()["error"]
     response = get(server, "/nothing/here")
     assert response.status_code == 404 and "error" in response.json()
 
 
-def test_bad_image_in_a_batch_fails_only_its_request(server):
-    import concurrent.futures
+# --- batching and deadlines ----------------------------------------------------------------------------------
+
+BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory):
+    """A 50 ms batch window and one batch thread, so concurrent requests merge into batches."""
+    root = tmp_path_factory.mktemp("batching")
+    copy_model(str(root / "flowers"), 1)
+    batching = root / "batching.config"
+    batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 50000 } "
+                        "num_batch_threads { value: 1 }")
+    with run_server(f"--model_base_path={root / 'flowers'}", f"--batching_parameters_file={batching}",
+                    "--port=0") as s:
+        yield s
+
+
+def merged_batches(server) -> int:
+    """Batches of more than one row the server has run, from its batch-size histogram."""
+    text = get(server, "/monitoring/prometheus/metrics").text
+    labels = '{model_name="flowers"'
+    total = re.search(rf'^{BATCH_SIZE_METRIC}_count{labels}}} (\S+)$', text, re.M)
+    single = re.search(rf'^{BATCH_SIZE_METRIC}_bucket{labels},le="1"}} (\S+)$', text, re.M)
+    return int(float(total.group(1))) - int(float(single.group(1))) if total else 0
+
+
+def test_bad_image_in_a_merged_batch_fails_only_its_request(batching_server):
+    before = merged_batches(batching_server)
 
     def send(i):
         image = b"garbage bytes, not a jpeg" if i == 5 else jpeg(seed=i)
-        return i, post(server, PREDICT, json={"instances": [b64(image)]}).status_code
+        response = post(batching_server, PREDICT, json={"instances": [b64(image)]})
+        return i, (response.status_code, response.json())
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        codes = dict(pool.map(send, range(12)))
-    assert codes.pop(5) == 400
-    assert set(codes.values()) == {200}
+        answers = dict(pool.map(send, range(12)))
+    status, body = answers.pop(5)
+    assert status == 400 and "image" in body["error"].lower(), body
+    assert {status for status, _ in answers.values()} == {200}
+    assert all(len(body["predictions"]) == 1 for _, body in answers.values())
+    assert merged_batches(batching_server) > before, "the requests should have run in merged batches"
+
+
+class Slow(tf.Module):
+    """Signatures that busy-wait for `seconds` inside the graph, to hold a request past its deadline."""
+
+    @staticmethod
+    def _wait(seconds: tf.Tensor) -> tf.Tensor:
+        end = tf.timestamp() + tf.cast(seconds, tf.float64)
+        return tf.while_loop(lambda i: tf.timestamp() < end, lambda i: i + 1, [tf.constant(0)])[0]
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32, name="seconds")])
+    def unbatched(self, seconds):
+        with tf.control_dependencies([self._wait(seconds)]):
+            return {"waited": tf.identity(seconds)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="seconds")])
+    def batched(self, seconds):
+        with tf.control_dependencies([self._wait(tf.reduce_max(seconds))]):
+            return {"waited": tf.identity(seconds)}
+
+
+DEADLINE_MS = 300
+
+
+@pytest.fixture(scope="module", params=["true", "false"], ids=["batching", "no-batching"])
+def slow_server(request, tmp_path_factory):
+    """A model whose serving_default has no batch dimension and whose `batched` signature has one."""
+    base = tmp_path_factory.mktemp("slow") / "slow"
+    module = Slow()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.unbatched,
+                                                             "batched": module.batched})
+    with run_server(f"--model_base_path={base}", "--model_name=slow", "--port=0",
+                    f"--enable_batching={request.param}", f"--rest_api_timeout_in_ms={DEADLINE_MS}") as s:
+        yield s
+
+
+@pytest.mark.parametrize("signature, quick, slow", [("serving_default", 0.0, 1.0), ("batched", [0.0], [1.0])])
+def test_request_past_the_deadline_gets_504_with_or_without_batching(slow_server, signature, quick, slow):
+    def predict(seconds):
+        return post(slow_server, "/v1/models/slow:predict", json={"signature_name": signature, "inputs": seconds})
+    in_time, late = predict(quick), predict(slow)
+    assert in_time.status_code == 200 and in_time.json()["outputs"] == quick, in_time.text
+    assert late.status_code == 504 and "Deadline exceeded" in late.json()["error"], late.text

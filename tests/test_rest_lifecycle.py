@@ -1,4 +1,5 @@
 """Warmup before readiness, hot reload under load, a broken version, and SIGTERM draining, on one real server."""
+import base64
 import os
 import signal
 import threading
@@ -30,6 +31,17 @@ def write_warmup(version_dir: str, count: int) -> None:
 def classify(url: str, timeout: float = 30) -> requests.Response:
     return requests.post(url + "/v1/models/flowers:classify_image", data=jpeg(), timeout=timeout,
                          headers={"Content-Type": "image/jpeg"})
+
+
+def predict(url: str, timeout: float = 30) -> requests.Response:
+    return requests.post(url + "/v1/models/flowers:predict", timeout=timeout,
+                         json={"instances": [{"b64": base64.b64encode(jpeg()).decode()}]})
+
+
+def v2_infer(url: str) -> requests.Response:
+    return requests.post(url + "/v2/models/flowers/infer", timeout=30, json={"inputs": [
+        {"name": "image_bytes", "shape": [1], "datatype": "BYTES", "parameters": {"content_type": "base64"},
+         "data": [base64.b64encode(jpeg()).decode()]}]})
 
 
 def versions(url: str) -> dict[str, dict]:
@@ -66,6 +78,9 @@ def test_readiness_waits_for_warmup(lifecycle):
     assert first.status_code == 503 and "error" in first.json()
     assert requests.get(server.rest_url + "/v2/health/ready", timeout=10).status_code == 503
     assert requests.get(server.rest_url + "/healthz", timeout=10).status_code == 200
+    for early in (predict(server.rest_url), v2_infer(server.rest_url)):  # both protocols: 503, retry in 1 s
+        assert early.status_code == 503 and early.headers.get("Retry-After") == "1", (early.url, early.text)
+        assert "loading" in early.json()["error"]
     wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
     assert versions(server.rest_url)["1"]["state"] == "AVAILABLE"
     metrics = requests.get(server.rest_url + "/monitoring/prometheus/metrics", timeout=10).text
@@ -75,16 +90,18 @@ def test_readiness_waits_for_warmup(lifecycle):
 def test_hot_reload_under_load_loses_nothing(lifecycle):
     server, base = lifecycle
     wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
-    seen, failures, stop = [], [], threading.Event()
+    seen, predicted, failures, stop = [], [], [], threading.Event()
 
-    def client():
+    def client(send, record):
         while not stop.is_set():
-            response = classify(server.rest_url)
+            response = send(server.rest_url)
             if response.status_code == 200:
-                seen.append(response.json()["version"])
+                record(response.json())
             else:
-                failures.append(response.text)
-    threads = [threading.Thread(target=client) for _ in range(4)]
+                failures.append((response.url, response.text))
+    threads = [threading.Thread(target=client, args=(classify, lambda body: seen.append(body["version"])))
+               for _ in range(3)]
+    threads += [threading.Thread(target=client, args=(predict, predicted.append)) for _ in range(2)]
     for t in threads:
         t.start()
     time.sleep(1.0)
@@ -95,6 +112,7 @@ def test_hot_reload_under_load_loses_nothing(lifecycle):
     for t in threads:
         t.join()
     assert failures == []
+    assert predicted and all(len(body["predictions"]) == 1 for body in predicted)
     assert seen[0] == 1 and seen[-1] == 2 and sorted(seen) == seen, "the version switches once, 1 -> 2"
 
 

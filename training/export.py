@@ -24,6 +24,8 @@ from training.preprocessing import preprocess_eval
 log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.txt"
+LABELS_ASSET = f"assets/{LABELS_FILE}"
+SAVED_MODEL_FILE = "saved_model.pb"
 WARMUP_FILE = "tf_serving_warmup_requests"
 DEFAULT_MODEL_NAME = "flowers"
 MAX_WARMUP_IMAGES = 5
@@ -84,6 +86,52 @@ def _write_warmup(path: str, model_name: str, images: list[bytes]) -> None:
             request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string, shape=[len(batch)]))
             record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(record.SerializeToString())
+
+
+def exported_versions(export_base: str) -> list[int]:
+    """The published versions under a base path, ascending: integer directories that hold a saved_model.pb.
+
+    Anything else (a staging sibling, a version still being copied) is not a version yet. This is the one
+    definition of the layout that the server, `petal predict` and batch jobs all read.
+    """
+    base = export_base.rstrip("/")
+    try:
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
+    except tf.errors.OpError:
+        return []
+    return sorted(int(name) for name in names
+                  if name.isdigit() and tf.io.gfile.exists(f"{base}/{name}/{SAVED_MODEL_FILE}"))
+
+
+def latest_version(model_path: str) -> str:
+    """A version directory as is, or a base path's highest published version (TF Serving's latest policy)."""
+    path = model_path.rstrip("/")
+    if tf.io.gfile.exists(f"{path}/{SAVED_MODEL_FILE}"):
+        return path
+    versions = exported_versions(path)
+    if not versions:
+        raise FileNotFoundError(f"no SavedModel in {model_path!r} (neither a saved_model.pb nor integer version "
+                                "directories holding one)")
+    return f"{path}/{versions[-1]}"
+
+
+def read_labels(path: str) -> list[str]:
+    """One label per line in label-id order, from any file system tf.io.gfile reads (blank lines skipped).
+
+    TensorFlow's file errors become OSErrors, so command lines can report a bad path like any other.
+    """
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            labels = [line.strip() for line in f if line.strip()]
+    except tf.errors.NotFoundError:
+        raise FileNotFoundError(f"no labels file at {path}") from None
+    except tf.errors.OpError as error:
+        raise OSError(f"cannot read labels file {path}: {error.message}") from None
+    if not labels:
+        raise ValueError(f"{path} holds no labels")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{path} lists a label twice")
+    return labels
 
 
 def next_version(export_base: str) -> int:

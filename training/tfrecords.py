@@ -33,6 +33,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
+from training.export import read_labels
+
 log = logging.getLogger(__name__)
 progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
 
@@ -243,14 +245,6 @@ def counts(result: PipelineResult, split: str) -> Counts | None:
         if prefix == split:
             total[name] += metric.committed if metric.committed is not None else metric.attempted
     return Counts(**total)
-
-
-def read_labels(path: str) -> list[str]:
-    with FileSystems.open(path) as f:
-        labels = [line.strip() for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"{path} lists a label twice")
-    return labels
 
 
 def infer_labels(source: str) -> list[str]:

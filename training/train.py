@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from training.export import DEFAULT_MODEL_NAME, MAX_WARMUP_IMAGES, export_saved_model
+from training.export import DEFAULT_MODEL_NAME, LABELS_FILE, MAX_WARMUP_IMAGES, export_saved_model, read_labels
 from training.input import input_fn
 from training.models import DEFAULT_MODEL, MODEL_NAMES, ModelConfig
 from training.preprocessing import FEATURES
@@ -56,14 +56,6 @@ class TrainConfig:
     @property
     def model_config(self) -> ModelConfig:
         return ModelConfig(self.model, self.labels, self.image_size, self.batch_norm)
-
-
-def read_labels(path: str) -> tuple[str, ...]:
-    with tf.io.gfile.GFile(path) as f:
-        labels = tuple(line.strip() for line in f if line.strip())
-    if not labels:
-        raise ValueError(f"{path} holds no labels")
-    return labels
 
 
 def _files(pattern: str) -> list[str]:
@@ -311,10 +303,10 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         labels_file = args.labels_file or os.path.join(
-            os.path.dirname(_files(args.train_data_paths)[0]), "labels.txt")
+            os.path.dirname(_files(args.train_data_paths)[0]), LABELS_FILE)
         config = TrainConfig(
             train_data_paths=args.train_data_paths, eval_data_paths=args.eval_data_paths,
-            output_dir=args.output_dir, labels=read_labels(labels_file), model=args.model,
+            output_dir=args.output_dir, labels=tuple(read_labels(labels_file)), model=args.model,
             image_size=args.image_size, batch_norm=args.batch_norm, train_steps=args.train_steps,
             train_batch_size=args.train_batch_size, eval_batch_size=args.eval_batch_size or args.train_batch_size,
             learning_rate=args.learning_rate, steps_per_eval=args.steps_per_eval,
@@ -326,7 +318,7 @@ def main(argv: list[str]) -> int:
         per_replica_batch_size(config.train_batch_size, strategy)
         per_replica_batch_size(config.eval_batch_size, strategy)
         train_and_evaluate(config, strategy)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:
         print(f"petal train: {e}", file=sys.stderr)
         return 2
     return 0
