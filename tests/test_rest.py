@@ -260,6 +260,7 @@ def merged_batches(server) -> int:
     return int(float(total.group(1))) - int(float(single.group(1))) if total else 0
 
 
+@pytest.mark.slow
 def test_bad_image_in_a_merged_batch_fails_only_its_request(batching_server):
     before = merged_batches(batching_server)
 
@@ -310,6 +311,7 @@ def slow_server(request, tmp_path_factory):
         yield s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signature, quick, slow", [("serving_default", 0.0, 1.0), ("batched", [0.0], [1.0])])
 def test_request_past_the_deadline_gets_504_with_or_without_batching(slow_server, signature, quick, slow):
     def predict(seconds):
