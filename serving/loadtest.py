@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving import sweep
+from serving.config import DEFAULT_MODEL_BASE_PATH, REPO_ROOT
 from serving.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
     read_locust_stats
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(REPO_ROOT)
 DEFAULT_LOCUSTFILE = REPO / "load_tests" / "locustfile.py"
 DEFAULT_SLO = REPO / "load_tests" / "slo.toml"
-DEFAULT_MODEL_BASE_PATH = REPO / "exported_models" / "flowers"
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
 SERVER_STOP_GRACE_S = 10
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
          help=f"synthetic corpus sizes, WxH,... (default {DEFAULT_IMAGE_SIZES})")
     flag("request_timeout", type=float, default=60.0, help="seconds before a request counts as failed")
     flag("start-server", action="store_true", help="start `petal serve` on free loopback ports for the run")
-    flag("model_base_path", type=Path, default=DEFAULT_MODEL_BASE_PATH, help="model served by --start-server")
+    flag("model_base_path", type=Path, default=Path(DEFAULT_MODEL_BASE_PATH), help="model served by --start-server")
     flag("server_flags", default="", help="extra `petal serve` flags for --start-server, e.g. '--enable_batching'")
     flag("server_timeout", type=float, default=180.0, help="seconds --start-server waits for the model")
     flag("sweep", action="store_true", help="step --sweep_users for --run-time each and report the knee")
