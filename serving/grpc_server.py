@@ -24,6 +24,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 
 from serving.config import bind_address
 from serving.errors import ServingError
+from serving.repository import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ RPC_THREADS = 64
 REGRESS_METHOD = "tensorflow/serving/regress"
 HEALTH_WATCH_PERIOD_S = 0.2
 ALL_CLASSES = 1 << 30
-DEFAULT_SIGNATURE = "serving_default"
 
 
 def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
