@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
          help=f"synthetic corpus sizes, WxH,... (default {DEFAULT_IMAGE_SIZES})")
     flag("request_timeout", type=float, default=60.0, help="seconds before a request counts as failed")
     flag("start-server", action="store_true", help="start `petal serve` on free loopback ports for the run")
-    flag("model_base_path", type=Path, default=Path(DEFAULT_MODEL_BASE_PATH), help="model served by --start-server")
+    flag("model_base_path", type=Path, default=Path(DEFAULT_MODEL_BASE_PATH),
+         help="model served by --start-server")
     flag("server_flags", default="", help="extra `petal serve` flags for --start-server, e.g. '--enable_batching'")
     flag("server_timeout", type=float, default=180.0, help="seconds --start-server waits for the model")
     flag("sweep", action="store_true", help="step --sweep_users for --run-time each and report the knee")

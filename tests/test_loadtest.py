@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from serving import sweep
-from serving.loadtest import DEFAULT_MODEL_BASE_PATH, REPO, format_table, free_port, make_corpus, parse_duration, \
+from serving.config import DEFAULT_MODEL_BASE_PATH
+from serving.loadtest import REPO, format_table, free_port, make_corpus, parse_duration, \
     parse_sizes, running_server
 from serving.slo import TOTAL, Breach, EndpointStats
 
@@ -110,13 +111,8 @@ def test_bad_slo_file_is_a_usage_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def model_base() -> Path:
-    """The default model once it has been exported, else the harness's tiny untrained one: a load test measures
-    the server, not accuracy."""
-    if DEFAULT_MODEL_BASE_PATH.is_dir() and any(p.name.isdigit() for p in DEFAULT_MODEL_BASE_PATH.iterdir()):
-        return DEFAULT_MODEL_BASE_PATH
-    from server_harness import tiny_model_base
-
-    return Path(tiny_model_base())
+    """The shipped default model, which `petal loadtest --start-server` serves."""
+    return Path(DEFAULT_MODEL_BASE_PATH)
 
 
 @pytest.fixture(scope="module")
