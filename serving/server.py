@@ -30,6 +30,10 @@ def _post_worker_init(worker) -> None:
 
     core = core_module.current()
     options: ServerOptions = core.options
+    if options.workers > 1:
+        # Workers share the listening sockets, so a worker accepting before its models are loaded would answer
+        # "loading" (and fail /readyz) while its siblings serve. Each loads first; /healthz is up with the first.
+        core.repository.wait_first_pass()
     grpc_server = None
     if options.port:
         from serving import grpc_server as grpc_module
