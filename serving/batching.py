@@ -67,7 +67,7 @@ class BatchingOptions:
 
 
 class _Task:
-    __slots__ = ("inputs", "size", "enqueued", "done", "outputs", "error", "cancelled")
+    __slots__ = ("inputs", "size", "enqueued", "done", "outputs", "error", "queue")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int):
         self.inputs = inputs
@@ -76,7 +76,7 @@ class _Task:
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: ServingError | None = None
-        self.cancelled = False
+        self.queue: _Queue | None = None
 
 
 class _Queue:
@@ -160,6 +160,8 @@ class Batcher:
                 self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
                 raise ServingError("UNAVAILABLE", "The batch scheduling queue to which this task was submitted "
                                    "is full")
+            for task in tasks:
+                task.queue = queue
             queue.tasks.extend(tasks)
             queue.rows += rows
             self._metrics.queue_depth.inc(rows, model_name=model_name)
@@ -168,10 +170,20 @@ class Batcher:
     def _wait(self, task: _Task, deadline: float | None) -> None:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not task.done.wait(timeout):
-            task.cancelled = True
+            self._withdraw(task)
             raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was queued or running")
         if task.error is not None:
             raise task.error
+
+    def _withdraw(self, task: _Task) -> None:
+        """A request past its deadline leaves the queue at once, so its rows stop counting against the bound and
+        are never computed (a task already taken into a batch just finishes unread)."""
+        with self._cond:
+            queue = task.queue
+            if queue is not None and task in queue.tasks:
+                queue.tasks.remove(task)
+                queue.rows -= task.size
+                self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
 
     def _loop(self) -> None:
         while True:
@@ -211,8 +223,6 @@ class Batcher:
             task = queue.tasks.popleft()
             queue.rows -= task.size
             self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
-            if task.cancelled:
-                continue
             self._metrics.queuing_latency.observe((now - task.enqueued) * 1e6, model_name=queue.model_name)
             tasks.append(task)
             rows += task.size

@@ -142,3 +142,15 @@ def copy_model(dest_base: str, version: int, source_version: int = 1) -> str:
     os.rename(os.path.join(staging, "v"), final)
     os.rmdir(staging)
     return final
+
+
+@contextmanager
+def run_batching_server(root, batching_config: str, *petal_serve_args: str) -> Iterator[Server]:
+    """The tiny model as version 1 under `root`, served with a text-format BatchingParameters file."""
+    copy_model(os.path.join(root, "flowers"), 1)
+    batching = os.path.join(root, "batching.config")
+    with open(batching, "w") as f:
+        f.write(batching_config)
+    with run_server(f"--model_base_path={os.path.join(root, 'flowers')}", f"--batching_parameters_file={batching}",
+                    "--port=0", *petal_serve_args) as server:
+        yield server

@@ -134,6 +134,25 @@ def test_deadline_exceeded_while_waiting():
     batcher.close()
 
 
+def test_a_timed_out_request_frees_its_queue_slot_at_once():
+    """The queue holds one batch; a request that gave up must not keep the next one out until a thread frees."""
+    batcher = Batcher(BatchingOptions(max_batch_size=1, max_enqueued_batches=1, num_batch_threads=1,
+                                      batch_timeout_micros=0), Metrics())
+    fn = Recorder(delay=0.6)
+    running = threading.Thread(target=batcher.run,
+                               args=(("m", 1, "s"), "m", fn, {"x": np.array([[1.0]], np.float32)}, 1))
+    running.start()
+    time.sleep(0.2)  # the only batch thread is busy with row 1 for 0.6 s
+    with pytest.raises(ServingError) as info:
+        batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[2.0]], np.float32)}, 1, time.monotonic() + 0.1)
+    assert info.value.code == "DEADLINE_EXCEEDED"
+    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[3.0]], np.float32)}, 1, time.monotonic() + 5)
+    assert out["y"].tolist() == [[6.0]]
+    running.join()
+    assert [b.tolist() for b in fn.batches] == [[[1.0]], [[3.0]]], "the timed-out row was never computed"
+    batcher.close()
+
+
 def test_large_request_is_split_into_max_size_batches():
     batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=2), Metrics())
     fn = Recorder()

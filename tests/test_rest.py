@@ -11,7 +11,7 @@ import requests
 import tensorflow as tf
 from PIL import Image
 
-from server_harness import LABELS, copy_model, jpeg, run_server
+from server_harness import LABELS, copy_model, jpeg, run_batching_server, run_server
 
 MAX_REQUEST_BYTES = 1_000_000
 MAX_IMAGE_PIXELS = 1_000_000
@@ -241,13 +241,9 @@ BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
 @pytest.fixture(scope="module")
 def batching_server(tmp_path_factory):
     """A 50 ms batch window and one batch thread, so concurrent requests merge into batches."""
-    root = tmp_path_factory.mktemp("batching")
-    copy_model(str(root / "flowers"), 1)
-    batching = root / "batching.config"
-    batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 50000 } "
-                        "num_batch_threads { value: 1 }")
-    with run_server(f"--model_base_path={root / 'flowers'}", f"--batching_parameters_file={batching}",
-                    "--port=0") as s:
+    with run_batching_server(str(tmp_path_factory.mktemp("batching")),
+                             "max_batch_size { value: 16 } batch_timeout_micros { value: 50000 } "
+                             "num_batch_threads { value: 1 }") as s:
         yield s
 
 

@@ -5,7 +5,7 @@ import concurrent.futures
 import pytest
 import requests
 
-from server_harness import copy_model, jpeg, run_server
+from server_harness import jpeg, run_batching_server
 
 pytestmark = pytest.mark.slow
 BODY = {"instances": [{"b64": base64.b64encode(jpeg()).decode()}]}
@@ -13,14 +13,11 @@ BODY = {"instances": [{"b64": base64.b64encode(jpeg()).decode()}]}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("overload")
-    copy_model(str(root / "flowers"), 1)
-    batching = root / "batching.config"
     # A batch closes when 4 rows are queued or after 300 ms; one batch may wait while one runs.
-    batching.write_text("max_batch_size { value: 4 } batch_timeout_micros { value: 300000 } "
-                        "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 }")
-    with run_server(f"--model_base_path={root / 'flowers'}", f"--batching_parameters_file={batching}",
-                    "--rest_api_timeout_in_ms=150", "--threads=48", "--port=0") as s:
+    with run_batching_server(str(tmp_path_factory.mktemp("overload")),
+                             "max_batch_size { value: 4 } batch_timeout_micros { value: 300000 } "
+                             "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 }",
+                             "--rest_api_timeout_in_ms=150", "--threads=48") as s:
         yield s
 
 
