@@ -41,8 +41,9 @@ ERRORS_PREFIX = "prediction.errors_stats"
 ERRORS = "errors"
 WORK_STAMPS = "work_ms"
 PROGRESS_SECONDS = 10.0
-# Beam workers log at INFO on their own stderr; keep them as quiet as petal's logs unless -v asked for more.
-QUIET_WORKER_LOG_LEVEL = "WARNING"
+# Beam workers log at INFO on their own stderr, and warn about their own plumbing on every start; keep them to
+# errors (progress still shows, see parse_args) unless -v asked for more.
+QUIET_WORKER_LOG_LEVEL = "ERROR"
 
 
 def build_parser() -> argparse.ArgumentParser:
