@@ -75,6 +75,16 @@ def request_body(max_bytes: int) -> bytes:
     return data
 
 
+def parse_json(data: bytes) -> object:
+    """A JSON document, with TF Serving's messages for an empty or malformed one (both a 400)."""
+    if not data.strip():
+        raise invalid("JSON Parse error: The document is empty")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise invalid(f"JSON Parse error: {error}") from None
+
+
 def b64decode(text: object, what: str) -> bytes:
     """Standard base64 with padding only: URL-safe or unpadded text is an error rather than silently wrong bytes."""
     if not isinstance(text, str):

@@ -18,8 +18,8 @@ import numpy as np
 
 from serving.core import NUMPY_DTYPES
 from serving.errors import ServingError, invalid
-from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, object_field, parse_version, request_body,
-                              string_field)
+from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, object_field, parse_json, parse_version,
+                              request_body, string_field)
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -43,12 +43,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         if length is None or length > len(body):
             raise invalid(f"{HEADER_LENGTH} {header_length!r} does not fit a {len(body)}-byte body")
         header, tail = body[:length], body[length:]
-    if not header.strip():
-        raise invalid("JSON Parse error: The document is empty")
-    try:
-        request = json.loads(header)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid(f"JSON Parse error: {exc}") from exc
+    request = parse_json(header)
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise invalid("Inference request needs a non-empty 'inputs' list")
     return request, tail

@@ -6,7 +6,6 @@ malformed path or verb gets TF Serving's 400 "Malformed request" rather than a g
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import re
 import time
@@ -18,8 +17,8 @@ from werkzeug.exceptions import HTTPException
 from serving import kserve
 from serving.core import IMAGE_INPUT, Core, SignatureInfo
 from serving.errors import ServingError, http_status, invalid
-from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, error_response, json_response, parse_version,
-                              request_body, string_field)
+from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, error_response, json_response, parse_json,
+                              parse_version, request_body, string_field)
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +31,7 @@ DEFAULT_TOP_K = 5
 # --- request bodies -------------------------------------------------------------------------------------------
 
 def json_body(max_bytes: int) -> dict:
-    data = request_body(max_bytes)
-    if not data.strip():
-        raise invalid("JSON Parse error: The document is empty")
-    try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise invalid(f"JSON Parse error: {error}") from None
+    body = parse_json(request_body(max_bytes))
     if not isinstance(body, dict):
         raise invalid("JSON Value is not an object")
     return body
