@@ -114,7 +114,8 @@ def test_full_queue_rejects_with_unavailable_then_recovers():
     fn = Recorder(delay=0.2)
     results, errors = run_concurrently(batcher, fn, list(range(6)))
     assert errors and all(e.code == "UNAVAILABLE" for e in errors.values())
-    assert len(results) >= 2
+    # At least the first request runs; how many more fit depends on when the batch thread picks it up.
+    assert results and len(results) + len(errors) == 6
     assert metrics.rejected.value(model_name="m", reason="queue_full") == len(errors)
     out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[7.0]], np.float32)}, 1)
     assert out["y"].tolist() == [[14.0]]
