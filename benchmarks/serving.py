@@ -4,36 +4,43 @@
 
 1. The images are what users send: synthetic flower photos from training.synth.render, 480x360 JPEGs (the
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
-2. The limit: the exported `serving_default` signature called in this process on batches of the same JPEGs
-   (best images/s over batch sizes, called by one thread or by one per core), and its single-image latency.
+2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
+   images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
+   under Petal's one intra-op thread per caller), and its fastest single-image latency.
 3. Petal (`petal serve`, defaults) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
    (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
    binary BYTES extension; the baseline (benchmarks/naive_flask.py) gets the same REST body. Each run is a
-   separate load-generator process on loopback: closed loop, one connection per client, fixed concurrency,
-   warmup, then a fixed duration, with request bodies built before the clock starts.
+   separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
+   concurrency, warmup, then a fixed duration, with whole requests built before the clock starts. HTTP clients
+   share one selector thread (raw sockets); gRPC clients are a thread each with a channel of their own.
 4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
    health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU per request.
 5. CPU is accounted per image (the server's processes from /proc, the load generator's own), which gives the bound
    the cores allow: every image needs the model's best-batch CPU plus at least a trivial request's CPU, client
    included, since both share this machine. A ratio to the limit is read against that bound.
-Everything runs side by side in one run, so the ratios hold even though absolute times on a shared machine do not.
+Everything runs side by side in one run, in interleaved rounds (each cell is the median round), so the ratios
+hold even though absolute times on a shared machine do not.
 """
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import http.client
 import json
 import os
 import pickle
 import resource
+import selectors
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -80,22 +87,84 @@ def _read(path: str) -> str:
         return ""
 
 
-def _http_client(requests: Requests):
-    conn = http.client.HTTPConnection("127.0.0.1", requests.port, timeout=60)
+def _http_payloads(requests: Requests) -> list[bytes]:
+    """Whole HTTP/1.1 requests, built once, so sending one is a single write."""
     method = "POST" if requests.bodies[0] else "GET"
+    head = f"{method} {requests.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in requests.headers.items())
+    return [(head + (f"Content-Length: {len(b)}\r\n" if method == "POST" else "") + "\r\n").encode() + b
+            for b in requests.bodies]
 
-    def send(body: bytes) -> bool:
-        nonlocal conn
-        try:
-            conn.request(method, requests.path, body=body or None, headers=requests.headers)
-            response = conn.getresponse()
-            response.read()
-            return response.status == 200
-        except OSError:
-            conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", requests.port, timeout=60)
+
+def _response_end(buffer: bytes) -> tuple[int, bool] | None:
+    """(length, is 200) of the first complete response in `buffer`, or None while it is still arriving."""
+    head_end = buffer.find(b"\r\n\r\n")
+    if head_end < 0:
+        return None
+    head = buffer[:head_end].lower()
+    at = head.find(b"\r\ncontent-length:")
+    if at < 0:
+        raise ConnectionError("response without Content-Length")
+    line_end = head.find(b"\r\n", at + 2)
+    length = int(head[at + 17:line_end if line_end >= 0 else len(head)])
+    total = head_end + 4 + length
+    return (total, head[9:12] == b"200") if len(buffer) >= total else None
+
+
+def _http_loop(requests: Requests, concurrency: int, start_at: float, stop_at: float,
+               latencies: list[list[float]], errors: list[int]) -> None:
+    """Every client's keep-alive connection on one selector in one thread: a few microseconds of Python per
+    request (http.client in a thread per client costs about 150), so the load generator takes little of the CPU
+    it shares with the server."""
+    payloads = _http_payloads(requests)
+    selector = selectors.DefaultSelector()
+    sockets: list[socket.socket] = []
+    buffers, sent, counts = [b""] * concurrency, [0.0] * concurrency, list(range(concurrency))
+
+    def connect(i: int) -> None:
+        sock = socket.create_connection(("127.0.0.1", requests.port), timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if i < len(sockets):
+            sockets[i] = sock
+        else:
+            sockets.append(sock)
+        selector.register(sock, selectors.EVENT_READ, i)
+
+    def fire(i: int) -> bool:
+        sent[i] = time.monotonic()
+        if sent[i] >= stop_at:
             return False
-    return send, lambda: conn.close()
+        sockets[i].sendall(payloads[counts[i] % len(payloads)])
+        counts[i] += 1
+        return True
+
+    for i in range(concurrency):
+        connect(i)
+    open_clients = sum(fire(i) for i in range(concurrency))
+    while open_clients:
+        for key, _ in selector.select(timeout=60):
+            i, ok = key.data, False
+            try:
+                data = key.fileobj.recv(1 << 20)
+                if not data:
+                    raise ConnectionError("closed")
+                buffers[i] += data
+                end = _response_end(buffers[i])
+                if end is None:
+                    continue
+                buffers[i], ok = buffers[i][end[0]:], end[1]
+            except (OSError, ValueError):
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+                buffers[i] = b""
+                connect(i)
+            done = time.monotonic()
+            if sent[i] >= start_at and done <= stop_at:
+                latencies[i].append(done - sent[i])
+                errors[i] += not ok
+            open_clients -= not fire(i)
+    for sock in sockets:
+        sock.close()
 
 
 def _grpc_client(requests: Requests):
@@ -116,14 +185,10 @@ def _grpc_client(requests: Requests):
     return send, channel.close
 
 
-def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float) -> dict:
-    """Closed loop: each client sends its next request when the previous answer arrives."""
-    clients = [(_grpc_client if requests.protocol == "grpc" else _http_client)(requests)
-               for _ in range(concurrency)]
-    latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    errors = [0] * concurrency
-    start_at = time.monotonic() + warmup
-    stop_at = start_at + duration
+def _grpc_threads(requests: Requests, concurrency: int, start_at: float, stop_at: float,
+                  latencies: list[list[float]], errors: list[int]) -> None:
+    """A thread per client, each with a channel of its own (blocking calls, as TF Serving's example clients do)."""
+    clients = [_grpc_client(requests) for _ in range(concurrency)]
 
     def worker(i: int) -> None:
         send, _ = clients[i]
@@ -142,20 +207,37 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
     for t in threads:
         t.start()
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    own, server = _self_cpu_seconds(), tree_cpu_seconds(requests.server_pid)
-    time.sleep(max(0.0, stop_at - time.monotonic()))
-    own, server = _self_cpu_seconds() - own, tree_cpu_seconds(requests.server_pid) - server
     for t in threads:
         t.join()
     for _, close in clients:
         close()
+
+
+def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float) -> dict:
+    """Closed loop: each client sends its next request when the previous answer arrives."""
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    start_at = time.monotonic() + warmup
+    stop_at = start_at + duration
+    drive = _grpc_threads if requests.protocol == "grpc" else _http_loop
+    thread = threading.Thread(target=drive, args=(requests, concurrency, start_at, stop_at, latencies, errors))
+    thread.start()
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    own, server = _self_cpu_seconds(), tree_cpu_seconds(requests.server_pid)
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    own, server = _self_cpu_seconds() - own, tree_cpu_seconds(requests.server_pid) - server
+    thread.join()
     flat = np.array([x for per in latencies for x in per]) * 1000
     percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
     return {"requests": int(flat.size), "errors": int(sum(errors)), "rps": flat.size / duration,
             "p50": percentile(50), "p95": percentile(95), "p99": percentile(99),
             "loadgen_cpu_share": own / duration, "loadgen_cpu_ms": 1000 * own / max(1, flat.size),
             "server_cpu_share": server / duration, "server_cpu_ms": 1000 * server / max(1, flat.size)}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median images/s (its latencies and CPU with it, so a row stays one real run)."""
+    return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
 
 
 def _self_cpu_seconds() -> float:
@@ -226,6 +308,12 @@ def health_requests(protocol: str, port: int, pid: int) -> Requests:
 
 # --- the in-process limit -------------------------------------------------------------------------------------
 
+# TensorFlow's own thread pools, and Petal's split (one intra-op thread per caller on a machine with as many cores
+# as callers): the limit is the better of the two, so a server tuned like Petal is not flattered by a limit that
+# is not.
+THREAD_SETTINGS = {"TensorFlow's default threads": 0, "1 intra-op thread per caller": 1}
+
+
 @dataclasses.dataclass
 class Limit:
     rate: float  # best images/s
@@ -233,13 +321,37 @@ class Limit:
     callers: int  # with this many threads calling at once
     cpu_ms: float  # CPU per image there
     single_ms: float  # p50 latency of a one-image call
+    threads: str = ""  # the THREAD_SETTINGS entry
 
 
-def in_process_limit(model_dir: str, photos: list[bytes], seconds: float) -> Limit:
+def in_process_limits(model_dir: str, photos: list[bytes], seconds: float) -> list[Limit]:
+    """The limit under each thread setting, each in a process of its own (TensorFlow fixes its pools at start)."""
+    with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
+        pickle.dump(photos, f)
+    try:
+        return [Limit(**{**json.loads(subprocess.run(
+            [sys.executable, __file__, "--_limit", model_dir, f.name, str(seconds), str(intra)],
+            check=True, capture_output=True, text=True).stdout), "threads": name})
+            for name, intra in THREAD_SETTINGS.items()]
+    finally:
+        os.unlink(f.name)
+
+
+def limit_main(argv: list[str]) -> int:
+    model_dir, path, seconds, intra = argv
+    with open(path, "rb") as f:
+        photos = pickle.load(f)
+    print(json.dumps(dataclasses.asdict(in_process_limit(model_dir, photos, float(seconds), int(intra)))))
+    return 0
+
+
+def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra: int) -> Limit:
     """The signature called directly on batches of the same photos, by one thread and by one per core (the
     graph alone may not fill every core, and the server runs a batch per core), and one photo at a time."""
     import tensorflow as tf
 
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]
     best = Limit(0.0, 1, 1, 0.0, 0.0)
     for size in LIMIT_BATCH_SIZES:
@@ -281,31 +393,53 @@ def wait_for_every_worker(requests: Requests, connections: int = 16, timeout: fl
     so wait until predictions on many fresh connections (spread over the workers by the kernel) all succeed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        sends = [_http_client(requests) for _ in range(connections)]
-        ok = all(send(requests.bodies[0]) for send, _ in sends)
-        for _, close in sends:
-            close()
-        if ok:
+        if all(_post_ok(requests) for _ in range(connections)):
             return
         time.sleep(0.5)
     raise TimeoutError("not every worker became ready")
 
 
-def start_baseline(model_dir: str, port: int) -> subprocess.Popen:
+def _post_ok(requests: Requests) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", requests.port, timeout=60)
+    try:
+        conn.request("POST", requests.path, body=requests.bodies[0], headers=requests.headers)
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
+    """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs."""
+    from server_harness import free_port
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "naive_flask.py"), model_dir,
                              str(port)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return proc
-        except OSError:
+    try:
+        deadline = time.monotonic() + 180
+        while not _get_ok(port, "/healthz"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise TimeoutError("baseline did not start")
             time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("baseline did not start")
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _get_ok(port: int, path: str) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
 
 
 def default_model(image_size: int) -> str:
@@ -341,12 +475,17 @@ def cell(r: dict) -> str:
     return f"{r['rps']:.0f} ({r['p50']:.1f} / {r['p95']:.1f} / {r['p99']:.1f})"
 
 
-def report(name: str, photos: list[bytes], limit: Limit, results: dict[str, dict[int, dict]],
+def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[str, dict[int, dict]],
            ceilings: dict[str, dict[int, dict]], levels: list[int]) -> None:
+    """Ratios against the best limit, and the overhead against the fastest single-image call."""
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
-    print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average): in-process limit {limit.rate:.0f} images/s "
-          f"(batch {limit.batch}, {limit.callers} calling, {limit.cpu_ms:.2f} ms CPU per image), single image "
-          f"{limit.single_ms:.2f} ms\n")
+    print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average)\n")
+    for each in limits:
+        print(f"- in-process with {each.threads}: {each.rate:.0f} images/s (batch {each.batch}, {each.callers} "
+              f"calling, {each.cpu_ms:.2f} ms CPU per image), single image {each.single_ms:.2f} ms")
+    limit = dataclasses.replace(max(limits, key=lambda each: each.rate),
+                                single_ms=min(each.single_ms for each in limits))
+    print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms\n")
     print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
           + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | gRPC / REST |")
     print("|---" * (len(COLUMNS) + 6) + "|")
@@ -365,18 +504,20 @@ def report(name: str, photos: list[bytes], limit: Limit, results: dict[str, dict
                           for col, r in ((col, results[col][c]) for col in COLUMNS))
               + f"; load generator ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
               f"{ceilings['grpc'][c]['rps']:.0f} on gRPC health Check")
-        _bound(limit, results, ceilings, c)
+        _bound(limit, ceilings, c)
 
 
-def _bound(limit: Limit, results: dict[str, dict[int, dict]], ceilings: dict[str, dict[int, dict]], c: int) -> None:
+def _bound(limit: Limit, ceilings: dict[str, dict[int, dict]], c: int) -> None:
     """What the cores allow when every image pays the model's best-batch CPU plus the cheapest possible request
     (the server's and the load generator's CPU for a /healthz or health Check on the same machine)."""
     cores = os.cpu_count() or 1
-    for protocol, cols in (("http", ("rest", "v2")), ("grpc", ("grpc",))):
+    servers = {"http": "Petal REST/Petal V2 binary", "grpc": "Petal gRPC",
+               "flask": "any Flask app on gunicorn gthread (the baseline's /healthz)"}
+    for protocol, name in servers.items():
         trivial = ceilings[protocol][c]
         per_image = limit.cpu_ms + trivial["server_cpu_ms"] + trivial["loadgen_cpu_ms"]
         bound = 1000 * cores / per_image
-        print(f"  {'/'.join(TITLES[col] for col in cols)}: {cores} cores / ({limit.cpu_ms:.2f} model + "
+        print(f"  {name}: {cores} cores / ({limit.cpu_ms:.2f} model + "
               f"{trivial['server_cpu_ms']:.2f} server + {trivial['loadgen_cpu_ms']:.2f} load generator ms for a "
               f"trivial request) = at most {bound:.0f} images/s = {bound / limit.rate:.2f} x the limit")
 
@@ -384,6 +525,8 @@ def _bound(limit: Limit, results: dict[str, dict[int, dict]], ceilings: dict[str
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--_loadgen":
         return loadgen_main(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--_limit":
+        return limit_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_base_path", default=None, help="default: exported_models/flowers")
     parser.add_argument("--image_size", type=int, default=64, help="model input size if no model is shipped")
@@ -391,11 +534,12 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each cell is their median")
     parser.add_argument("--limit_seconds", type=float, default=1.0, help="seconds per in-process batch size")
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server_harness import free_port, run_server
+    from server_harness import run_server
 
     base = args.model_base_path or default_model(args.image_size)
     version = max(int(v) for v in os.listdir(base) if v.isdigit())
@@ -406,10 +550,11 @@ def main() -> int:
     print(f"model {model_dir}; {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"{args.duration:g}s per run after {args.warmup:g}s warmup", flush=True)
 
-    limits = {name: in_process_limit(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
-    results: dict[str, dict[str, dict[int, dict]]] = {name: {} for name in sets}
+    limits = {name: in_process_limits(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
-    with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server:
+    samples = {name: {col: [] for col in COLUMNS} for name in sets}
+    with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server, \
+            baseline_server(model_dir) as (baseline_port, baseline_pid):
         pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
         grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
@@ -417,25 +562,27 @@ def main() -> int:
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
-        for name, photos in sets.items():
-            results[name]["rest"] = run(rest_requests(rest_port, pid, photos))
-            results[name]["grpc"] = run(grpc_requests(grpc_port, pid, photos))
-            results[name]["v2"] = run(v2_binary_requests(rest_port, pid, photos))
-            print(f"{name}: Petal done", flush=True)
-    baseline_port = free_port()
-    proc = start_baseline(model_dir, baseline_port)
-    try:
-        for name, photos in sets.items():
-            results[name]["baseline"] = run(rest_requests(baseline_port, proc.pid, photos))
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        ceilings["flask"] = run_loadgen(health_requests("http", baseline_port, baseline_pid), busy, args.duration,
+                                        args.warmup)
+        requests = {name: {"rest": rest_requests(rest_port, pid, photos),
+                           "grpc": grpc_requests(grpc_port, pid, photos),
+                           "v2": v2_binary_requests(rest_port, pid, photos),
+                           "baseline": rest_requests(baseline_port, baseline_pid, photos)}
+                    for name, photos in sets.items()}
+        for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
+            for name in sets:
+                for col in COLUMNS:
+                    samples[name][col].append(run(requests[name][col]))
+            print(f"round {round_ + 1} of {args.rounds} done", flush=True)
+    results = {name: {col: {c: median_run([each[c] for each in runs]) for c in levels} for col, runs in per.items()}
+               for name, per in samples.items()}
 
     for name, photos in sets.items():
         report(name, photos, limits[name], results[name], ceilings, levels)
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    errors = sum(r["errors"] for per in results.values() for col in per.values() for r in col.values())
+    errors = sum(r["errors"] for per in samples.values() for runs in per.values() for each in runs
+                 for r in each.values())
     print(f"errors: {errors}")
     return 0 if errors == 0 else 1
 

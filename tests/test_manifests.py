@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import re
 import shlex
@@ -22,6 +23,8 @@ import pytest
 import yaml
 
 from serving.config import ServerOptions, parse_args
+from serving.core import intra_op_threads
+from serving.cpus import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -219,14 +222,17 @@ def test_grace_period_outlasts_prestop_and_drain():
     assert grace > float(pre_stop[1]) + options.graceful_timeout
 
 
-def test_resources_fit_the_server_threads_and_the_autoscaler():
+def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
     objects = kubernetes_objects()
     container = pod_container(objects)
     options = server_options(read_dockerfile(), container["args"], container_env(container))
     requests, limits = container["resources"]["requests"], container["resources"]["limits"]
     assert cpu_cores(requests["cpu"]) <= cpu_cores(limits["cpu"])
     assert memory_bytes(requests["memory"]) <= memory_bytes(limits["memory"])
-    assert 0 < options.tensorflow_intra_op_parallelism * options.workers <= cpu_cores(limits["cpu"]), \
+    (tmp_path / "cpu.max").write_text(f"{int(cpu_cores(limits['cpu']) * 100_000)} 100000\n")  # the pod's cgroup
+    cores = available_cores(str(tmp_path))
+    assert cores <= math.ceil(cpu_cores(limits["cpu"])), "thread pools must be sized by the CPU limit"
+    assert 0 < intra_op_threads(options, cores) * options.workers <= cores, \
         "TensorFlow must not start more threads than the CPU limit allows"
     hpa = objects["HorizontalPodAutoscaler"]["spec"]
     assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"], "utilisation needs the cpu request above"

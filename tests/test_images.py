@@ -1,0 +1,74 @@
+"""The pixel limit's header reader: JPEG frame headers found by walking markers, Pillow for other formats."""
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from serving.errors import ServingError
+from serving.images import check_pixels, header_pixels, jpeg_pixels
+
+
+def encode(mode: str, size: tuple[int, int], fmt: str = "JPEG", **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, size, "white").save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("mode,options", [
+    ("RGB", {}),
+    ("RGB", {"progressive": True}),
+    ("RGB", {"optimize": True, "exif": b"Exif\x00\x00" + b"x" * 6000}),  # an APP1 segment before the frame
+    ("RGB", {"restart_marker_blocks": 1}),
+    ("L", {}),
+    ("CMYK", {}),
+], ids=["baseline", "progressive", "exif", "restart markers", "grayscale", "cmyk"])
+@pytest.mark.parametrize("size", [(1, 1), (480, 360), (3001, 17)])
+def test_jpeg_frame_header_gives_the_size_pillow_reads(mode, options, size):
+    data = encode(mode, size, **options)
+    assert jpeg_pixels(data) == size[0] * size[1]
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.size == size
+
+
+def test_a_claimed_size_is_read_without_decoding():
+    data = bytearray(encode("L", (8, 8)))
+    frame = data.index(b"\xff\xc0")
+    struct.pack_into(">HH", data, frame + 5, 50000, 50000)  # a bomb: the header claims 2.5 Gpx
+    assert jpeg_pixels(bytes(data)) == 50000 * 50000
+    with pytest.raises(ServingError, match="2500000000 pixels"):
+        check_pixels(np.array([bytes(data)], dtype=object), 10_000_000)
+
+
+def test_fill_bytes_before_a_marker_are_skipped():
+    data = encode("RGB", (64, 48))
+    assert jpeg_pixels(data[:2] + b"\xff\xff\xff" + data[2:]) == 64 * 48
+
+
+@pytest.mark.parametrize("data", [
+    b"\xff\xd8",
+    b"\xff\xd8\xff",
+    b"\xff\xd8\xff\xe0\x00\x10JFIF",  # a segment that runs past the end
+    b"\xff\xd8\xff\xda\x00\x02",  # a scan before any frame header
+    b"\xff\xd8\xff\xd9",
+    b"\xff\xd8garbage after the start of image",
+], ids=["soi only", "lone marker", "truncated segment", "scan first", "end of image", "garbage"])
+def test_malformed_jpegs_give_no_size_so_tensorflow_decides(data):
+    assert jpeg_pixels(data) is None
+    assert header_pixels(data) is None
+
+
+def test_other_formats_are_read_by_pillow():
+    assert header_pixels(encode("RGB", (300, 200), "PNG")) == 60000
+    assert header_pixels(encode("RGB", (30, 20), "GIF")) == 600
+    assert header_pixels(b"plain text, no image at all") is None
+
+
+def test_check_pixels_passes_images_under_the_limit_and_non_images():
+    values = np.array([encode("RGB", (100, 100)), b"not an image", b"short"], dtype=object)
+    check_pixels(values, 100 * 100)
+    with pytest.raises(ServingError, match="10001 pixels"):
+        check_pixels(np.array([encode("RGB", (10001, 1))], dtype=object), 100 * 100)
