@@ -5,6 +5,7 @@ keep serving; only then are versions that are no longer aspired unloaded, after 
 A version that fails to load is reported END with its error and the versions below it stay candidates, so a
 broken upload never takes a model down. It is retried when its files change: a plain `cp -r` can show
 saved_model.pb before variables/ is complete, and must not leave that version dead until a restart.
+After a pass that loaded or unloaded anything, the heap is settled (serving/heap.py) to keep GC pauses short.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from serving import heap
 from serving.errors import ServingError, invalid, not_found, op_error_message, unavailable
 from serving.metrics import Metrics
 from training.export import LABELS_ASSET, SAVED_MODEL_FILE, exported_versions, read_labels
@@ -190,6 +192,7 @@ class Repository:
         self._wake = threading.Event()
         self._stopped = False
         self._first_pass_done = False
+        self._changed = False  # a version was loaded or unloaded in this pass
         self._thread: threading.Thread | None = None
         self._set_config(config)
 
@@ -223,6 +226,9 @@ class Repository:
         for name, model in models:
             self._reconcile(name, model)
         self._drop_removed()
+        if self._changed:
+            self._changed = False
+            heap.settle()
         with self._lock:
             self._first_pass_done = True
             self._lock.notify_all()
@@ -280,6 +286,7 @@ class Repository:
         return os.path.join(config.base_path, str(version))
 
     def _load(self, name: str, model: _Model, version: int, path: str) -> None:
+        self._changed = True
         entry = _Version(VersionStatus(version, "LOADING"), files=files_signature(path))
         with self._lock:
             retry = model.versions.get(version)
@@ -309,6 +316,7 @@ class Repository:
                                                          "load_seconds": round(elapsed, 3), "warmup": warmed}})
 
     def _unload(self, name: str, model: _Model, version: int, drain_seconds: float = 300.0) -> None:
+        self._changed = True
         with self._lock:
             entry = model.versions[version]
             entry.status = VersionStatus(version, "UNLOADING")

@@ -1,9 +1,11 @@
 """The model repository in-process on real SavedModels: policies, labels, failures, retries, warmup, unloading."""
+import gc
 import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 
 import pytest
 from google.protobuf import text_format
@@ -189,6 +191,28 @@ def test_reload_config_unloads_omitted_models(tmp_path):
     with pytest.raises(ServingError) as info:
         repo.status("flowers")
     assert info.value.code == "NOT_FOUND"
+
+
+def test_the_heap_is_frozen_after_a_load_and_an_unloaded_version_is_still_collected(tmp_path):
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0)
+    try:
+        gc.unfreeze()
+        repo.poll_now()
+        assert gc.get_freeze_count() > 10_000, "TensorFlow's and the model's objects leave the collector's view"
+        with repo.serving("flowers") as servable:
+            gone = weakref.ref(servable._loaded)
+        del servable
+        copy_model(base, 2)
+        repo.poll_now()
+        assert states(repo) == {1: "END", 2: "AVAILABLE"}
+        assert gone() is None, "an unloaded version's objects are released"
+        frozen = gc.get_freeze_count()
+        repo.poll_now()
+        assert gc.get_freeze_count() == frozen, "a pass that changes nothing leaves the heap alone"
+    finally:
+        gc.unfreeze()
 
 
 def _one_image():
