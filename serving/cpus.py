@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -20,19 +21,14 @@ def available_cores(cgroup_root: str = CGROUP_ROOT) -> int:
 
 def cgroup_cpu_quota(root: str = CGROUP_ROOT) -> float | None:
     """CPUs allowed by the cgroup quota, or None when there is none (or no cgroup filesystem to read)."""
-    v2 = _read(os.path.join(root, "cpu.max")).split()
-    if len(v2) == 2:
-        return None if v2[0] == "max" else int(v2[0]) / int(v2[1])
-    quota = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us")).strip()
-    period = _read(os.path.join(root, "cpu", "cpu.cfs_period_us")).strip()
-    if quota and period and int(quota) > 0:
-        return int(quota) / int(period)
-    return None
-
-
-def _read(path: str) -> str:
     try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
+        limit, period = Path(root, "cpu.max").read_text().split()
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(Path(root, "cpu", "cpu.cfs_quota_us").read_text())
+        period = int(Path(root, "cpu", "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 else None
