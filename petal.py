@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-PROGRESS_LOGGER = "petal.progress"
+from training import PROGRESS_LOGGER
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("training.synth", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),

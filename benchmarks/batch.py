@@ -43,10 +43,10 @@ def model_dir_or_untrained(model_dir: str, workdir: str) -> str:
     return base
 
 
-def write_jpegs(folder: str, count: int, first: int = 0) -> list[str]:
-    os.makedirs(folder, exist_ok=True)
+def write_jpegs(folder: str, count: int) -> list[str]:
+    os.makedirs(folder)
     paths = []
-    for i in range(first, first + count):
+    for i in range(count):
         path = os.path.join(folder, f"flower{i:05d}.jpg")
         with open(path, "wb") as f:
             f.write(synth.render(i % len(synth.CLASSES), i, min_size=160, max_size=320))

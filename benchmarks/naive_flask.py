@@ -34,13 +34,13 @@ def create_app(model_dir: str) -> flask.Flask:
 
 
 class _App(BaseApplication):
-    def __init__(self, model_dir: str, port: int, threads: int):
-        self.model_dir, self.port, self.threads = model_dir, port, threads
+    def __init__(self, model_dir: str, port: int):
+        self.model_dir, self.port = model_dir, port
         super().__init__()
 
     def load_config(self):
         for key, value in {"bind": [f"127.0.0.1:{self.port}"], "workers": 1, "worker_class": "gthread",
-                           "threads": self.threads, "loglevel": "warning"}.items():
+                           "threads": 32, "loglevel": "warning"}.items():
             self.cfg.set(key, value)
 
     def load(self):
@@ -48,4 +48,4 @@ class _App(BaseApplication):
 
 
 if __name__ == "__main__":
-    _App(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 32).run()
+    _App(sys.argv[1], int(sys.argv[2])).run()

@@ -31,7 +31,6 @@ import http.client
 import json
 import os
 import pickle
-import resource
 import selectors
 import socket
 import struct
@@ -223,9 +222,9 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
     thread = threading.Thread(target=drive, args=(requests, concurrency, start_at, stop_at, latencies, errors))
     thread.start()
     time.sleep(max(0.0, start_at - time.monotonic()))
-    own, server = _self_cpu_seconds(), tree_cpu_seconds(requests.server_pid)
+    own, server = time.process_time(), tree_cpu_seconds(requests.server_pid)
     time.sleep(max(0.0, stop_at - time.monotonic()))
-    own, server = _self_cpu_seconds() - own, tree_cpu_seconds(requests.server_pid) - server
+    own, server = time.process_time() - own, tree_cpu_seconds(requests.server_pid) - server
     thread.join()
     flat = np.array([x for per in latencies for x in per]) * 1000
     percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
@@ -238,11 +237,6 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
 def median_run(runs: list[dict]) -> dict:
     """The run with the median images/s (its latencies and CPU with it, so a row stays one real run)."""
     return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
-
-
-def _self_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run_loadgen(requests: Requests, levels: list[int], duration: float, warmup: float) -> dict[int, dict]:
@@ -366,14 +360,14 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
                     signature(image_bytes=batches[(counts[i] // size + i) % len(batches)])["probabilities"].numpy()
                     counts[i] += size
 
-            started, cpu = time.monotonic(), _self_cpu_seconds()
+            started, cpu = time.monotonic(), time.process_time()
             threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             count = sum(counts)
-            rate, cpu = count / (time.monotonic() - started), _self_cpu_seconds() - cpu
+            rate, cpu = count / (time.monotonic() - started), time.process_time() - cpu
             if rate > best.rate:
                 best = Limit(rate, size, callers, 1000 * cpu / count, 0.0)
     singles = [tf.constant([p]) for p in photos]
@@ -413,7 +407,7 @@ def _post_ok(requests: Requests) -> bool:
 @contextlib.contextmanager
 def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
     """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs."""
-    from server_harness import free_port
+    from server_harness import free_port, get_status
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "naive_flask.py"), model_dir,
@@ -421,7 +415,7 @@ def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
-        while not _get_ok(port, "/healthz"):
+        while get_status(f"http://127.0.0.1:{port}/healthz") != 200:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise TimeoutError("baseline did not start")
             time.sleep(0.2)
@@ -431,29 +425,17 @@ def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
         proc.wait(30)
 
 
-def _get_ok(port: int, path: str) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
 def default_model(image_size: int) -> str:
     """The shipped model when it exists; otherwise an untrained "compact" model exported to a temp dir."""
-    base = os.path.join(ROOT, "exported_models", MODEL)
-    versions = sorted(int(v) for v in os.listdir(base) if v.isdigit()) if os.path.isdir(base) else []
-    if versions:
-        return base
-    from training.export import export_saved_model
+    from serving.config import DEFAULT_MODEL_BASE_PATH
+    from training.export import exported_versions, export_saved_model
     from training.models import build_model
+    from training.synth import CLASSES
 
+    if exported_versions(DEFAULT_MODEL_BASE_PATH):
+        return DEFAULT_MODEL_BASE_PATH
     base = os.path.join(tempfile.mkdtemp(prefix="petal-bench-"), MODEL)
-    export_saved_model(build_model("compact", 5, image_size), base,
-                       ["daisy", "dandelion", "roses", "sunflowers", "tulips"], image_size, version=1)
+    export_saved_model(build_model("compact", len(CLASSES), image_size), base, list(CLASSES), image_size, version=1)
     return base
 
 
@@ -542,8 +524,9 @@ def main() -> int:
     from server_harness import run_server
 
     base = args.model_base_path or default_model(args.image_size)
-    version = max(int(v) for v in os.listdir(base) if v.isdigit())
-    model_dir = os.path.join(base, str(version))
+    from training.export import latest_version
+
+    model_dir = latest_version(base)
     levels = [int(c) for c in args.concurrency.split(",")]
     sets = photo_sets([tuple(int(x) for x in s.split("x")) for s in args.photo_sizes.split(",")])
     load = os.getloadavg()

@@ -31,15 +31,17 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from serving.batch_sources import FAILED, FORMATS, Failure, ReadRecords, infer_format
 from serving.errors import op_error_message
 from serving.model_handler import METRICS_NAMESPACE, ModelInfo, SavedModelHandler, read_model_info
+from training import PROGRESS_LOGGER
 from training.preprocessing import preprocess_eval
 
 logger = logging.getLogger(__name__)
-progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
+progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 RESULTS_PREFIX = "prediction.results"
 ERRORS_PREFIX = "prediction.errors_stats"
 ERRORS = "errors"
 WORK_STAMPS = "work_ms"
+_work_stamps = Metrics.distribution(METRICS_NAMESPACE, WORK_STAMPS)  # updates go to the running step's container
 PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr, and warn about their own plumbing on every start; keep them to
 # errors (progress still shows, see parse_args) unless -v asked for more.
@@ -86,7 +88,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
 def stamp_work() -> None:
     """Records the wall clock in a distribution: its min (first decode) and max (last row out) bound the
     processing time across all workers, so throughput can be reported without the workers' start-up."""
-    Metrics.distribution(METRICS_NAMESPACE, WORK_STAMPS).update(int(time.time() * 1000))
+    _work_stamps.update(int(time.time() * 1000))
 
 
 class DecodeImages(beam.DoFn):

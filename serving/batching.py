@@ -66,6 +66,17 @@ class BatchingOptions:
         return rows
 
 
+def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None) -> dict[str, np.ndarray]:
+    """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
+    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request ran")
+    outputs = fn(inputs)
+    if deadline is not None and time.monotonic() > deadline:
+        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was running")
+    return outputs
+
+
 class _Task:
     __slots__ = ("inputs", "size", "enqueued", "done", "outputs", "error", "queue")
 
@@ -121,16 +132,21 @@ class Batcher:
     def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
             deadline: float | None = None) -> dict[str, np.ndarray]:
         """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`."""
+        if not self.enabled:
+            return run_inline(fn, inputs, deadline)
         if deadline is not None and time.monotonic() >= deadline:
             raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request was queued")
-        if not self.enabled:
-            return fn(inputs)
         step = self.options.max_batch_size
         chunks = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, size - i))
                   for i in range(0, size, step)] if size > step else [_Task(inputs, size)]
         self._enqueue(key, model_name, fn, chunks)
-        for task in chunks:
-            self._wait(task, deadline)
+        try:
+            for task in chunks:
+                self._wait(task, deadline)
+        except ServingError:
+            for task in chunks:  # a split request that failed leaves the queue whole, so no chunk is computed
+                self._withdraw(task)
+            raise
         if len(chunks) == 1:
             return chunks[0].outputs
         return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
@@ -170,7 +186,6 @@ class Batcher:
     def _wait(self, task: _Task, deadline: float | None) -> None:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not task.done.wait(timeout):
-            self._withdraw(task)
             raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was queued or running")
         if task.error is not None:
             raise task.error

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving import images
-from serving.batching import Batcher
+from serving.batching import Batcher, run_inline
 from serving.config import ServerOptions, read_model_config
 from serving.cpus import available_cores
 from serving.errors import ServingError, invalid
@@ -74,18 +74,6 @@ def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
             raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                           f"{info.shape} (-1 is any size)")
     return array
-
-
-def _run_inline(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], arrays: dict[str, np.ndarray],
-                deadline: float | None) -> dict[str, np.ndarray]:
-    """Run without the batcher, keeping the deadline: a running TF call cannot be interrupted, so a call that
-    ends past the deadline is answered DEADLINE_EXCEEDED, as the batcher answers a request that waited too long."""
-    if deadline is not None and time.monotonic() >= deadline:
-        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request ran")
-    outputs = run(arrays)
-    if deadline is not None and time.monotonic() > deadline:
-        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was running")
-    return outputs
 
 
 def _to_bytes(value) -> bytes:
@@ -153,15 +141,15 @@ class Core:
             if unknown:
                 raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
         run = self._runner(servable, key, api)
-        if batched and self.batcher.enabled:
+        if batched:
             size = next(iter(arrays.values())).shape[0]
             outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
                                        deadline)
         else:
-            outputs = _run_inline(run, arrays, deadline)
+            outputs = run_inline(run, arrays, deadline)
         if output_filter:
             outputs = {k: outputs[k] for k in output_filter}
-        return PredictResult(servable.model, servable.version, key, outputs, list(servable.labels))
+        return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
 
     def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool]:
         missing = sorted(set(info.inputs) - set(inputs))

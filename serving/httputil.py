@@ -17,7 +17,6 @@ import flask
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from serving.errors import invalid
-from serving.repository import DEFAULT_SIGNATURE  # noqa: F401  (re-exported: the one default for every protocol)
 
 RETRY_AFTER_SECONDS = "1"
 JSON_MIMETYPE = "application/json"

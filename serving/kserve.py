@@ -18,8 +18,9 @@ import numpy as np
 
 from serving.core import NUMPY_DTYPES
 from serving.errors import ServingError, invalid
-from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, object_field, parse_json, parse_version,
+from serving.httputil import (ascii_int, b64decode, object_field, parse_json, parse_version,
                               request_body, string_field)
+from serving.repository import DEFAULT_SIGNATURE
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -249,8 +250,6 @@ def create_blueprint(core: Any) -> flask.Blueprint:
         arrays = []
         for out in requested or [{"name": name} for name in result.outputs]:
             out_params = output_parameters.get(out["name"], {})
-            if out["name"] not in result.outputs:
-                raise invalid(f"Output {out['name']!r} is not an output of the signature")
             array = result.outputs[out["name"]]
             count = out_params.get("classification", 0)
             if count:

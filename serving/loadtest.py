@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving import sweep
-from serving.config import DEFAULT_MODEL_BASE_PATH, REPO_ROOT
+from serving.config import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, REPO_ROOT
 from serving.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
     read_locust_stats
 
@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     flag("host", default="http://127.0.0.1:8501", help="REST base URL of the deployment")
     flag("grpc-host", default="127.0.0.1:8500", help="host:port of its gRPC endpoint")
-    flag("model_name", default="flowers", help="model to send requests to")
+    flag("model_name", default=DEFAULT_MODEL_NAME, help="model to send requests to")
     flag("users", type=int, default=4, help="concurrent users (closed loop, no think time)")
     flag("spawn-rate", type=float, default=None, help="users started per second (default: all at once)")
     flag("run-time", type=parse_duration, default=60, help="how long to run, e.g. 20s, 5m (per level with --sweep)")

@@ -214,10 +214,10 @@ class Repository:
         self._set_config(config)
         self._wake.set()
 
-    def wait_first_pass(self, timeout: float | None = None) -> bool:
+    def wait_first_pass(self) -> None:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._first_pass_done, timeout)
+            self._lock.wait_for(lambda: self._first_pass_done)
 
     def poll_now(self) -> None:
         """One synchronous discovery-and-transition pass (the poll thread calls this on every tick)."""

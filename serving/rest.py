@@ -17,8 +17,9 @@ from werkzeug.exceptions import HTTPException
 from serving import kserve
 from serving.core import IMAGE_INPUT, Core, SignatureInfo
 from serving.errors import ServingError, http_status, invalid
-from serving.httputil import (DEFAULT_SIGNATURE, ascii_int, b64decode, error_response, json_response, parse_json,
+from serving.httputil import (ascii_int, b64decode, error_response, json_response, parse_json,
                               parse_version, request_body, string_field)
+from serving.repository import DEFAULT_SIGNATURE
 
 logger = logging.getLogger(__name__)
 

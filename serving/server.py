@@ -103,8 +103,8 @@ def main(argv: list[str]) -> int:
         logger.warning("model base path does not exist yet; waiting for versions to appear",
                        extra={"fields": {"model_base_path": options.model_base_path}})
     models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
-    grpc = f", gRPC on {options.host}:{options.port}" if options.port else ""
-    print(f"petal serve: {models}; REST on http://{options.host}:{options.rest_api_port}{grpc}; "
+    grpc = f", gRPC on {bind_address(options.host, options.port)}" if options.port else ""
+    print(f"petal serve: {models}; REST on http://{bind_address(options.host, options.rest_api_port)}{grpc}; "
           f"ready when /readyz answers 200", file=sys.stderr, flush=True)
     PetalApplication(options).run()
     return 0

@@ -5,6 +5,7 @@ training API), so protocol tests exercise a real SavedModel without paying for t
 """
 from __future__ import annotations
 
+import base64
 import io
 import os
 import shutil
@@ -39,12 +40,27 @@ class Server:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: every socket stays bound until all are chosen."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
-def _get(url: str) -> int:
+def b64(data: bytes) -> dict:
+    """A REST predict instance value: TF Serving's {"b64": ...} for binary strings."""
+    return {"b64": base64.b64encode(data).decode()}
+
+
+def get_status(url: str) -> int:
+    """The HTTP status of a GET, or 0 when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status
@@ -84,7 +100,7 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
     try:
         probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while _get(probe) != 200:
+        while get_status(probe) != 200:
             if proc.poll() is not None:
                 raise RuntimeError(f"petal serve exited with {proc.returncode}:\n{server.log()[-4000:]}")
             if time.monotonic() > deadline:

@@ -14,14 +14,15 @@ import urllib.request
 import numpy as np
 import pytest
 import tensorflow as tf
-from server_harness import run_server
+
+from server_harness import b64, run_server
 from serving import batch_job
+from serving.config import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from training import synth
 from training.export import export_saved_model
 from training.models import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED_MODEL = os.path.join(ROOT, "exported_models", "flowers")
 IMAGE_SIZE = 32
 GOOD_JPEGS = 99
 IN_MEMORY = ["--direct_running_mode", "in_memory"]
@@ -288,7 +289,7 @@ def test_predictions_equal_a_real_servers_rest_predict(image_job, model_dir, inp
     results = {row["key"]: row["prediction"] for row in read_output(image_job[0])[0]}
     keys = sorted(results)[:12]
     body = json.dumps({"signature_name": "serving_default", "instances": [
-        {"image_bytes": {"b64": base64.b64encode(inputs[key]).decode()}} for key in keys]}).encode()
+        {"image_bytes": b64(inputs[key])} for key in keys]}).encode()
     with run_server(f"--model_base_path={model_dir}", "--model_name=flowers") as server:
         request = urllib.request.Request(f"{server.rest_url}/v1/models/flowers:predict", data=body,
                                          headers={"Content-Type": "application/json"})

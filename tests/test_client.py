@@ -23,12 +23,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server():
-    with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
 def images() -> list[bytes]:
     return [render(label, seed=31, size=(44, 44)) for label in CLASSES[2:5]]
 
@@ -81,8 +75,8 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("use_grpc", [False, True], ids=["rest", "grpc"])
-def test_predict_top_k_matches_in_process(server, images, expected, use_grpc):
-    address = server.grpc_target if use_grpc else server.rest_url
+def test_predict_top_k_matches_in_process(tiny_server, images, expected, use_grpc):
+    address = tiny_server.grpc_target if use_grpc else tiny_server.rest_url
     with Client(address, use_grpc=use_grpc) as client:
         predictions = client.predict(images, top_k=2)
     assert len(predictions) == len(images)
@@ -92,16 +86,16 @@ def test_predict_top_k_matches_in_process(server, images, expected, use_grpc):
         assert (prediction.label, prediction.score) == prediction.top_k[0]
 
 
-def test_module_level_predict_and_file_paths(server, images, expected, tmp_path):
+def test_module_level_predict_and_file_paths(tiny_server, images, expected, tmp_path):
     path = tmp_path / "flower.jpg"
     path.write_bytes(images[0])
-    [prediction] = predict([str(path)], server.rest_url.removeprefix("http://"), top_k=1)
+    [prediction] = predict([str(path)], tiny_server.rest_url.removeprefix("http://"), top_k=1)
     assert prediction.label == expected[0][0][0]
 
 
 @pytest.mark.parametrize("use_grpc", [False, True], ids=["rest", "grpc"])
-def test_client_errors_are_request_errors(server, images, use_grpc):
-    address = server.grpc_target if use_grpc else server.rest_url
+def test_client_errors_are_request_errors(tiny_server, images, use_grpc):
+    address = tiny_server.grpc_target if use_grpc else tiny_server.rest_url
     with Client(address, use_grpc=use_grpc) as client:
         with pytest.raises(RequestError) as info:
             client.predict([images[0], b"not an image"])
@@ -112,8 +106,8 @@ def test_client_errors_are_request_errors(server, images, use_grpc):
         assert info.value.code == ("NOT_FOUND" if use_grpc else "HTTP 404") and "nope" in info.value.message
 
 
-def test_retries_503_then_succeeds(server, images, expected):
-    proxy = FlakyProxy(server.rest_url, failures=2)
+def test_retries_503_then_succeeds(tiny_server, images, expected):
+    proxy = FlakyProxy(tiny_server.rest_url, failures=2)
     try:
         with Client(proxy.address, retries=3, backoff=0.01) as client:
             [prediction] = client.predict(images[:1], top_k=1)
@@ -124,8 +118,8 @@ def test_retries_503_then_succeeds(server, images, expected):
         proxy.server_close()
 
 
-def test_gives_up_after_the_retries(server, images):
-    proxy = FlakyProxy(server.rest_url, failures=10)
+def test_gives_up_after_the_retries(tiny_server, images):
+    proxy = FlakyProxy(tiny_server.rest_url, failures=10)
     try:
         with Client(proxy.address, retries=2, backoff=0.01) as client:
             with pytest.raises(ServerError) as info:
@@ -137,8 +131,8 @@ def test_gives_up_after_the_retries(server, images):
         proxy.server_close()
 
 
-def test_timeout_is_a_server_error(server, images):
-    proxy = FlakyProxy(server.rest_url, failures=0, delay=2.0)
+def test_timeout_is_a_server_error(tiny_server, images):
+    proxy = FlakyProxy(tiny_server.rest_url, failures=0, delay=2.0)
     try:
         started = time.monotonic()
         with Client(proxy.address, timeout=0.3) as client:

@@ -1,5 +1,5 @@
 """The same images give the same prediction over every way Petal offers: REST :predict, :classify_image,
-gRPC Predict and Classify, KServe V2 infer, `petal predict` (REST, gRPC, in-process) and the SavedModel
+gRPC Predict, KServe V2 infer, `petal predict` (REST, gRPC, in-process) and the SavedModel
 called directly. One preprocessing path, in the graph, makes this hold; this test keeps it holding.
 
 It serves the shipped, trained model (exported_models/flowers), which tells the synthetic classes apart with
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 
 import grpc
 import numpy as np
@@ -18,13 +17,13 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from server_harness import ROOT, run_server
+from server_harness import b64, run_server
 from serving import predict as predict_cli
+from serving.config import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-SHIPPED_MODEL = os.path.join(ROOT, "exported_models", "flowers")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,7 @@ def by_label(pairs) -> np.ndarray:
 
 
 def test_rest_predict(server, images, reference):
-    body = {"instances": [{"b64": base64.b64encode(i).decode()} for i in images]}
+    body = {"instances": [b64(i) for i in images]}
     response = requests.post(f"{server.rest_url}/v1/models/flowers:predict", json=body, timeout=30)
     assert response.status_code == 200, response.text
     predictions = response.json()["predictions"]

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from serving.config import DEFAULT_MODEL_BASE_PATH
 from training.synth import CLASSES, render
 
-MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exported_models", "flowers", "1")
+MODEL = os.path.join(DEFAULT_MODEL_BASE_PATH, "1")
 PER_CLASS = 20
 FRESH_SEED = 987_654  # the shipped model was trained on seed 1's images; these are new draws
 

@@ -4,12 +4,12 @@ Both run in subprocesses, because logical devices and TF_CONFIG must be set befo
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from server_harness import free_ports
 from training_data import BATCH, NUM_EVAL, SIZE, eval_results, train_args
 
 REPLICAS = 4
@@ -68,19 +68,9 @@ def test_mirrored_strategy_on_logical_cpu_devices_with_transposed_input(tiny_dat
     assert os.path.exists(tmp_path / "export" / "flowers" / "6" / "saved_model.pb")
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 def test_two_workers_with_tf_config_train_and_the_chief_exports(tiny_data, tmp_path):
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     args = train_args(tiny_data, tmp_path, "--train_steps", "4", "--steps_per_eval", "2")
     processes = []
     for index in range(2):

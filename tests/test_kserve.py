@@ -14,7 +14,7 @@ import tensorflow as tf
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from server_harness import IMAGE_SIZE, run_server, tiny_model_base
+from server_harness import IMAGE_SIZE, tiny_model_base
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow
@@ -27,14 +27,8 @@ def model_base() -> str:
 
 
 @pytest.fixture(scope="module")
-def server(model_base):
-    with run_server(f"--model_base_path={model_base}", "--model_name=flowers") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def triton(server):
-    client = httpclient.InferenceServerClient(server.rest_url.split("://", 1)[-1])
+def triton(tiny_server):
+    client = httpclient.InferenceServerClient(tiny_server.rest_url.split("://", 1)[-1])
     yield client
     client.close()
 
@@ -71,12 +65,12 @@ def test_health_and_readiness(triton):
                                           ("/v2/models/nope/versions/1/ready", 404),
                                           ("/v2/models/flowers/versions/9/ready", 503),
                                           ("/v2/models/flowers/versions/\u00b2/ready", 400)])
-def test_model_ready_answers_have_empty_bodies(server, path, status):
-    response = requests.get(server.rest_url + path, timeout=10)
+def test_model_ready_answers_have_empty_bodies(tiny_server, path, status):
+    response = requests.get(tiny_server.rest_url + path, timeout=10)
     assert (response.status_code, response.content) == (status, b"")
 
 
-def test_metadata(triton, server):
+def test_metadata(triton, tiny_server):
     metadata = triton.get_model_metadata("flowers")
     assert metadata["name"] == "flowers" and metadata["versions"] == ["1"]
     assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1]}]
@@ -84,7 +78,7 @@ def test_metadata(triton, server):
     assert outputs["probabilities"] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]}
     assert outputs["classid"]["datatype"] == "INT64" and outputs["class"]["datatype"] == "BYTES"
     assert triton.get_model_metadata("flowers", "1")["versions"] == ["1"]
-    response = requests.get(f"{server.rest_url}/v2/models/nope", timeout=10)
+    response = requests.get(f"{tiny_server.rest_url}/v2/models/nope", timeout=10)
     assert response.status_code == 404 and "nope" in response.json()["error"]
 
 
@@ -119,11 +113,11 @@ def test_classification_extension_gives_top_k_with_labels(triton, images, local_
         np.testing.assert_allclose([float(p[0]) for p in parsed], expected[best], rtol=1e-4)
 
 
-def test_plain_json_input_level_base64_and_gzip(server, images, local_probabilities):
+def test_plain_json_input_level_base64_and_gzip(tiny_server, images, local_probabilities):
     body = {"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
                         "parameters": {"content_type": "base64"}, "data": [base64.b64encode(images[0]).decode()]}],
             "outputs": [{"name": "classid"}]}
-    response = requests.post(f"{server.rest_url}/v2/models/flowers/infer", timeout=30,
+    response = requests.post(f"{tiny_server.rest_url}/v2/models/flowers/infer", timeout=30,
                              data=gzip.compress(json.dumps(body).encode()),
                              headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert response.status_code == 200, response.text
@@ -175,34 +169,34 @@ def with_parameters(where: str, value) -> dict:
 ], ids=["empty", "bad-json", "no-inputs", "bad-base64", "shape-mismatch", "bad-datatype", "bad-image",
         "unknown-output", "request-parameters-list", "input-parameters-string", "output-parameters-number",
         "signature-name-list"])
-def test_bad_requests_are_4xx_json(server, body, status, fragment):
-    response = post_infer(server, body)
+def test_bad_requests_are_4xx_json(tiny_server, body, status, fragment):
+    response = post_infer(tiny_server, body)
     assert response.status_code == status, response.text
     assert fragment in response.json()["error"]
 
 
-def test_unknown_model_and_version_are_404(server, images):
+def test_unknown_model_and_version_are_404(tiny_server, images):
     body = bytes_body([base64.b64encode(images[0]).decode()])
-    response = post_infer(server, body, model="nope")
+    response = post_infer(tiny_server, body, model="nope")
     assert response.status_code == 404 and "nope" in response.json()["error"]
-    response = requests.post(f"{server.rest_url}/v2/models/flowers/versions/9/infer", json=body, timeout=30)
+    response = requests.post(f"{tiny_server.rest_url}/v2/models/flowers/versions/9/infer", json=body, timeout=30)
     assert response.status_code == 404
     for version in ("x", "\u00b2"):
-        response = requests.post(f"{server.rest_url}/v2/models/flowers/versions/{version}/infer", json=body,
+        response = requests.post(f"{tiny_server.rest_url}/v2/models/flowers/versions/{version}/infer", json=body,
                                  timeout=30)
         assert response.status_code == 400 and "Malformed request" in response.json()["error"], response.text
-    response = requests.get(f"{server.rest_url}/v2/models/flowers/versions/\u00b2", timeout=30)
+    response = requests.get(f"{tiny_server.rest_url}/v2/models/flowers/versions/\u00b2", timeout=30)
     assert response.status_code == 400 and "Malformed request" in response.json()["error"], response.text
 
 
-def test_truncated_binary_data_is_400(server, images):
+def test_truncated_binary_data_is_400(tiny_server, images):
     raw = struct.pack("<I", len(images[0]) + 100) + images[0]
     header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(raw)}}]}).encode()
-    response = post_infer(server, header + raw, {"Inference-Header-Content-Length": str(len(header))})
+    response = post_infer(tiny_server, header + raw, {"Inference-Header-Content-Length": str(len(header))})
     assert response.status_code == 400 and "overruns" in response.json()["error"]
     for length in (str(len(header) * 100), "\u00b2", "-1"):
-        response = post_infer(server, header + raw, {"Inference-Header-Content-Length": length})
+        response = post_infer(tiny_server, header + raw, {"Inference-Header-Content-Length": length})
         assert response.status_code == 400 and "Inference-Header-Content-Length" in response.json()["error"]
 
 

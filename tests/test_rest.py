@@ -1,5 +1,4 @@
 """Every REST endpoint and a battery of bad inputs, against a real `petal serve` (gunicorn) subprocess."""
-import base64
 import concurrent.futures
 import gzip
 import io
@@ -11,7 +10,7 @@ import requests
 import tensorflow as tf
 from PIL import Image
 
-from server_harness import LABELS, copy_model, jpeg, run_batching_server, run_server
+from server_harness import LABELS, b64, copy_model, jpeg, run_batching_server, run_server
 
 MAX_REQUEST_BYTES = 1_000_000
 MAX_IMAGE_PIXELS = 1_000_000
@@ -30,10 +29,6 @@ def server(tmp_path_factory):
     with run_server(f"--model_config_file={config}", f"--max_request_bytes={MAX_REQUEST_BYTES}",
                     f"--max_image_pixels={MAX_IMAGE_PIXELS}") as s:
         yield s
-
-
-def b64(data: bytes) -> dict:
-    return {"b64": base64.b64encode(data).decode()}
 
 
 def post(server, path, **kwargs):

@@ -10,7 +10,7 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
-from server_harness import copy_model, jpeg, run_server
+from server_harness import b64, copy_model, jpeg, run_server
 
 WARMUP_RECORDS = 200
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def classify(url: str, timeout: float = 30) -> requests.Response:
 
 def predict(url: str, timeout: float = 30) -> requests.Response:
     return requests.post(url + "/v1/models/flowers:predict", timeout=timeout,
-                         json={"instances": [{"b64": base64.b64encode(jpeg()).decode()}]})
+                         json={"instances": [b64(jpeg())]})
 
 
 def v2_infer(url: str) -> requests.Response:

@@ -1,14 +1,13 @@
 """Overload and timeouts on a server with a tiny batch queue: 503 + Retry-After, 504, and recovery."""
-import base64
 import concurrent.futures
 
 import pytest
 import requests
 
-from server_harness import jpeg, run_batching_server
+from server_harness import b64, jpeg, run_batching_server
 
 pytestmark = pytest.mark.slow
-BODY = {"instances": [{"b64": base64.b64encode(jpeg()).decode()}]}
+BODY = {"instances": [b64(jpeg())]}
 
 
 @pytest.fixture(scope="module")

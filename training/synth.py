@@ -29,8 +29,9 @@ import multiprocessing
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-log = logging.getLogger(__name__)
-progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
+from training import PROGRESS_LOGGER
+
+progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 CLASSES: tuple[str, ...] = ("daisy", "dandelion", "roses", "sunflowers", "tulips")
 TRAIN_CSV = "train_set.csv"

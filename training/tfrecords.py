@@ -33,14 +33,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
-from training.export import read_labels
+from training import PROGRESS_LOGGER
+from training.export import LABELS_FILE, read_labels
 
 log = logging.getLogger(__name__)
-progress = logging.getLogger("petal.progress")  # INFO even when quiet: see petal.configure_logging
+progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 NAMESPACE = "petal.tfrecords"
 SPLITS = ("train", "eval")
-LABELS_FILE = "labels.txt"
 ERRORS_FILE = "errors.jsonl"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 REENCODE_QUALITY = 95
