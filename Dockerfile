@@ -10,8 +10,9 @@
 #   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 -t petal:gpu .
 #   docker run --gpus all -p 8500:8500 -p 8501:8501 petal:gpu
 #
-# PETAL_EXTRAS installs optional dependency groups too: deploy/docker-compose.yml builds its Locust load generator
-# from this same file with PETAL_EXTRAS=loadtest.
+# The image installs only what `petal serve` needs (no Beam, Locust or TensorBoard). PETAL_EXTRAS installs optional
+# dependency groups too: deploy/docker-compose.yml builds its Locust load generator from this same file with
+# PETAL_EXTRAS=loadtest.
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # Python from the base's own packages, shared by both stages below.
@@ -26,8 +27,11 @@ ARG PETAL_EXTRAS=""
 RUN python3 -m venv /opt/build
 WORKDIR /src
 COPY pyproject.toml README.md petal.py ./
+COPY exported_models/__init__.py exported_models/model_format.py exported_models/
+COPY exported_models/flowers exported_models/flowers
 COPY training training
 COPY serving serving
+COPY load_tests load_tests
 RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/build/bin/pip wheel --wheel-dir /wheels ".${PETAL_EXTRAS:+[$PETAL_EXTRAS]}"
 

@@ -15,6 +15,7 @@ serve: $(STAMP)
 	$(VENV)/bin/petal serve
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 .PHONY: install serve test

@@ -13,16 +13,18 @@ import sys
 
 from training import PROGRESS_LOGGER
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "synth": ("training.synth", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
-    "tfrecords": ("training.tfrecords", "convert JPEGs to sharded TFRecords with Apache Beam"),
-    "train": ("training.train", "train and evaluate, checkpointing and resuming"),
-    "export": ("training.export", "export a checkpoint as a SavedModel that takes JPEG bytes"),
-    "serve": ("serving.server", "serve models over REST and gRPC (tensorflow_model_server flags)"),
-    "predict": ("serving.predict", "classify images in-process or against a server"),
-    "batch": ("serving.batch_job", "run a batch prediction job on Apache Beam"),
-    "loadtest": ("serving.loadtest", "run Locust load tests against latency SLOs"),
+COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that installs its dependencies, help)
+    "synth": ("training.synth", "train", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
+    "tfrecords": ("training.tfrecords", "train", "convert JPEGs to sharded TFRecords with Apache Beam"),
+    "train": ("training.train", "train", "train and evaluate, checkpointing and resuming"),
+    "export": ("training.export", "train", "export a checkpoint as a SavedModel that takes JPEG bytes"),
+    "serve": ("serving.server", "", "serve models over REST and gRPC (tensorflow_model_server flags)"),
+    "predict": ("serving.client.cli", "", "classify images in-process or against a server"),
+    "batch": ("serving.batch.job", "batch", "run a batch prediction job on Apache Beam"),
+    "loadtest": ("load_tests.runner", "loadtest", "run Locust load tests against latency SLOs"),
 }
+# Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
+EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -52,7 +54,7 @@ def configure_logging(verbose: bool) -> None:
 
 def usage() -> str:
     lines = ["usage: petal [-v] COMMAND [flags]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     lines += ["", "Run `petal COMMAND --help` for a command's flags. -v turns on INFO logs."]
     return "\n".join(lines)
 
@@ -66,7 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), file=sys.stdout if argv[:1] in ([], ["-h"], ["--help"]) else sys.stderr)
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
     configure_logging(verbose)
-    module = importlib.import_module(COMMANDS[argv[0]][0])
+    module_name, extra, _ = COMMANDS[argv[0]]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in EXTRA_PACKAGES:
+            raise
+        print(f"petal {argv[0]} needs {error.name}, which a plain install leaves out: "
+              f"pip install 'petal[{extra or 'test'}]'", file=sys.stderr)
+        return 2
     return int(module.main(argv[1:]) or 0)
 
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from serving.model_handler import StaticBatchClassifier, read_model_info  # noqa: E402
+from serving.batch.model_handler import StaticBatchClassifier, read_model_info  # noqa: E402
 from training import synth  # noqa: E402
 from training.preprocessing import preprocess_eval  # noqa: E402
 

@@ -427,8 +427,9 @@ def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
 
 def default_model(image_size: int) -> str:
     """The shipped model when it exists; otherwise an untrained "compact" model exported to a temp dir."""
-    from serving.config import DEFAULT_MODEL_BASE_PATH
-    from training.export import exported_versions, export_saved_model
+    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
+    from exported_models.model_format import exported_versions
+    from training.export import export_saved_model
     from training.models import build_model
     from training.synth import CLASSES
 
@@ -524,7 +525,7 @@ def main() -> int:
     from server_harness import run_server
 
     base = args.model_base_path or default_model(args.image_size)
-    from training.export import latest_version
+    from exported_models.model_format import latest_version
 
     model_dir = latest_version(base)
     levels = [int(c) for c in args.concurrency.split(",")]

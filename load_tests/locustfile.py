@@ -24,7 +24,7 @@ import gevent
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 
-from serving.slo import ENDPOINTS, SLOError, parse_weights
+from load_tests.slo import ENDPOINTS, SLOError, parse_weights
 
 grpc_gevent.init_gevent()  # without this a blocking gRPC call stalls every other simulated user
 

@@ -2,21 +2,57 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.batching import BatchingOptions
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
+from serving.cpus import available_cores
 from serving.protos import BatchingParameters, MonitoringConfig
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_MODEL_NAME = "flowers"
-# Absolute, so `petal serve` and `petal predict` find the checkout's default model from any working directory.
-DEFAULT_MODEL_BASE_PATH = os.path.join(REPO_ROOT, "exported_models", DEFAULT_MODEL_NAME)
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """TF Serving's BatchingParameters. Defaults follow its CPU advice: one thread per core, no timeout, and a
+    queue of `num_batch_threads` batches for online serving."""
+    max_batch_size: int = 64
+    batch_timeout_micros: int = 0
+    max_enqueued_batches: int = max(2, available_cores())
+    num_batch_threads: int = max(2, available_cores())
+    allowed_batch_sizes: tuple[int, ...] = ()
+    pad_variable_length_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
+            raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be positive")
+        if self.batch_timeout_micros < 0:
+            raise ValueError("batch_timeout_micros must not be negative")
+        sizes = list(self.allowed_batch_sizes)
+        if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] != self.max_batch_size):
+            raise ValueError("allowed_batch_sizes must be increasing and end with max_batch_size, got "
+                             f"{sizes} for max_batch_size {self.max_batch_size}")
+
+    @classmethod
+    def from_proto(cls, proto) -> "BatchingOptions":
+        """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults."""
+        values = {}
+        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
+            if proto.HasField(name):
+                values[name] = getattr(proto, name).value
+        values["pad_variable_length_inputs"] = proto.pad_variable_length_inputs
+        if proto.allowed_batch_sizes:
+            values["allowed_batch_sizes"] = tuple(proto.allowed_batch_sizes)
+        return cls(**values)
+
+    def padded_size(self, rows: int) -> int:
+        for size in self.allowed_batch_sizes:
+            if size >= rows:
+                return size
+        return rows
 
 
 @dataclass

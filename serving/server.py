@@ -26,17 +26,17 @@ KEEPALIVE_S = 75
 
 def _post_worker_init(worker) -> None:
     """Start gRPC next to the REST app and hook SIGTERM so readiness drops before the drain."""
-    from serving import core as core_module
+    from serving import worker as process
 
-    core = core_module.current()
+    core = process.current()
     options: ServerOptions = core.options
     if options.workers > 1:
         # Workers share the listening sockets, so a worker accepting before its models are loaded would answer
         # "loading" (and fail /readyz) while its siblings serve. Each loads first; /healthz is up with the first.
-        core.repository.wait_first_pass()
+        core.wait_loaded()
     grpc_server = None
     if options.port:
-        from serving import grpc_server as grpc_module
+        from serving.protocols import grpc_api as grpc_module
         grpc_server = grpc_module.start(core, options.host, options.port, options.grpc_max_message_bytes,
                                         options.grpc_channel_arguments)
     worker.petal_grpc = grpc_server
@@ -53,13 +53,13 @@ def _post_worker_init(worker) -> None:
 
 
 def _worker_exit(server, worker) -> None:
-    from serving import core as core_module
+    from serving import worker as process
 
     grpc_server = getattr(worker, "petal_grpc", None)
     if grpc_server is not None:
         grpc_server.stop(worker.cfg.graceful_timeout).wait(worker.cfg.graceful_timeout)
     try:
-        core_module.current().close()
+        process.current().close()
     except RuntimeError:
         pass
 
@@ -91,8 +91,8 @@ class PetalApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from serving.core import create_core
-        from serving.rest import create_app
+        from serving.worker import create_core
+        from serving.protocols.app import create_app
 
         return create_app(create_core(self.options))
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from serving.batching import Batcher, BatchingOptions
-from serving.errors import ServingError
-from serving.metrics import Metrics
+from serving.config import BatchingOptions
+from serving.core.batching import Batcher
+from serving.core.errors import ServingError
+from serving.core.metrics import Metrics
 from serving.protos import BatchingParameters
 
 
@@ -180,3 +181,23 @@ def test_options_from_tf_serving_text_proto():
     assert options.allowed_batch_sizes == (2, 8) and options.padded_size(3) == 8
     with pytest.raises(ValueError):
         BatchingOptions(max_batch_size=8, allowed_batch_sizes=(2, 4))
+
+
+def test_runtime_latency_is_labelled_with_the_apis_of_the_requests_in_the_batch():
+    """predict and classify share a queue; the first request to create it must not label the other's runtime."""
+    metrics = Metrics()
+    batcher = Batcher(BatchingOptions(max_batch_size=8, batch_timeout_micros=300_000, num_batch_threads=1), metrics)
+    outputs = {}
+
+    def one(api: str, value: float) -> None:
+        outputs[api] = batcher.run(("m", 1, "s"), "m", Recorder(), {"x": np.array([[value]], np.float32)}, 1,
+                                   api=api)
+    threads = [threading.Thread(target=one, args=(api, v)) for api, v in (("predict", 1.0), ("classify", 2.0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert outputs["predict"]["y"][0, 0] == 2.0 and outputs["classify"]["y"][0, 0] == 4.0
+    assert metrics.runtime_latency.count(model_name="m", API="predict", runtime="TF") == 1
+    assert metrics.runtime_latency.count(model_name="m", API="classify", runtime="TF") == 1
+    assert metrics.processed_batch_size.count(model_name="m") == 1  # one batch served both APIs

@@ -18,8 +18,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from server_harness import b64, run_server
-from serving import predict as predict_cli
-from serving.config import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
+from serving.client import cli as predict_cli
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow

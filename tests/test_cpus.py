@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from serving.batching import BatchingOptions
+from serving.config import BatchingOptions
 from serving.config import ServerOptions
-from serving.core import intra_op_threads
+from serving.worker import intra_op_threads
 from serving.cpus import available_cores, cgroup_cpu_quota
 
 

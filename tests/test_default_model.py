@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving.config import DEFAULT_MODEL_BASE_PATH
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
 from training.synth import CLASSES, render
 
 MODEL = os.path.join(DEFAULT_MODEL_BASE_PATH, "1")

@@ -11,7 +11,11 @@ import tensorflow as tf
 from PIL import Image
 from tensorflow_serving.apis import prediction_log_pb2
 
-from training.export import export_saved_model, next_version
+from exported_models import model_format
+from exported_models.model_format import next_version
+from serving.core.metrics import Metrics
+from serving.core.servable import Servable
+from training.export import export_saved_model
 from training.models import build_model
 from training.preprocessing import preprocess_eval
 from training.synth import CLASSES, render
@@ -144,6 +148,16 @@ def test_warmup_requests_are_prediction_logs_of_real_images(exported, jpegs):
         batch_sizes.append(len(images))
         assert all(bytes(image) in jpegs for image in images)
     assert batch_sizes == [1, 1, 1, 3]
+
+
+def test_the_server_replays_the_warmup_file_the_exporter_wrote(exported, jpegs):
+    """One definition of the warmup file: what export writes is what model_format reads and a servable replays."""
+    _, path = exported
+    assert os.path.isfile(os.path.join(path, model_format.WARMUP_FILE))
+    requests = list(model_format.read_warmup(path))
+    assert [len(r.inputs["image_bytes"]) for r in requests] == [1, 1, 1, 3]
+    assert all(r.signature_name == model_format.DEFAULT_SIGNATURE for r in requests)
+    assert Servable("flowers", 1, path).warmup(Metrics()) == 4
 
 
 def test_versions_count_up_and_are_never_overwritten(tmp_path):

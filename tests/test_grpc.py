@@ -21,7 +21,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
 from serving.config import bind_address
-from serving.grpc_server import parse_channel_arguments
+from serving.protocols.grpc_api import parse_channel_arguments
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow

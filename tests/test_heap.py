@@ -2,7 +2,7 @@
 import gc
 import weakref
 
-from serving import heap
+from serving.core import heap
 
 
 class Node:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serving.errors import ServingError
-from serving.images import check_pixels, header_pixels, jpeg_pixels
+from serving.core.errors import ServingError
+from serving.core.images import check_pixels, header_pixels, jpeg_pixels
 
 
 def encode(mode: str, size: tuple[int, int], fmt: str = "JPEG", **options) -> bytes:

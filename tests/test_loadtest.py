@@ -6,17 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from serving import sweep
-from serving.config import DEFAULT_MODEL_BASE_PATH
-from serving.loadtest import REPO, format_table, free_port, make_corpus, parse_duration, \
+from load_tests import sweep
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
+from load_tests.runner import format_table, free_port, make_corpus, parse_duration, \
     parse_sizes, running_server
-from serving.slo import TOTAL, Breach, EndpointStats
+from load_tests.slo import TOTAL, Breach, EndpointStats
 
 SMALL_SIZES = "64x48,320x240"
 
@@ -85,8 +86,9 @@ def test_table_marks_breached_rows():
 
 
 def petal_loadtest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run from outside the checkout: the locustfile and SLO file must come from the installed package."""
     return subprocess.run([sys.executable, "-m", "petal", "loadtest", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout)
+                          cwd=tempfile.gettempdir(), timeout=timeout)
 
 
 def test_fewer_users_than_endpoints_is_a_usage_error(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from server_harness import tiny_model_base
-from serving import predict as predict_cli
-from serving.config import DEFAULT_MODEL_BASE_PATH
+from serving.client import cli as predict_cli
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
 from training.synth import CLASSES, render
 
 PETAL = os.path.join(os.path.dirname(sys.executable), "petal")

@@ -11,12 +11,12 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import heap
-from serving.errors import ServingError
-from serving.metrics import Metrics
-from serving.repository import Repository, aspired_versions
+from serving.core import heap
+from serving.core.errors import ServingError
+from serving.core.metrics import Metrics
+from serving.core.repository import Repository, aspired_versions
 from server_harness import copy_model, tiny_model_base
-from training.export import exported_versions, latest_version, read_labels
+from exported_models.model_format import exported_versions, latest_version, read_labels
 
 
 def config(base: str, extra: str = "") -> model_server_config_pb2.ModelServerConfig:
@@ -128,7 +128,7 @@ def test_unchanged_broken_version_is_not_reloaded_every_poll(tmp_path, caplog):
     with open(os.path.join(base, "2", "saved_model.pb"), "wb") as f:
         f.write(b"this is not a SavedModel")
     repo = Repository(config(base), Metrics(), poll_seconds=0)
-    with caplog.at_level(logging.INFO, logger="serving.repository"):
+    with caplog.at_level(logging.INFO, logger="serving.core.repository"):
         for _ in range(3):
             repo.poll_now()
     failures = [r for r in caplog.records if r.getMessage() == "version failed to load"]
@@ -176,6 +176,22 @@ def test_unload_waits_for_requests_in_flight(tmp_path):
         assert states(repo) == {1: "UNLOADING", 2: "AVAILABLE"}
         assert old.version == 1 and old.run("serving_default", {"image_bytes": _one_image()})["classid"].shape == (1,)
     poller.join(30)
+    assert states(repo) == {1: "END", 2: "AVAILABLE"}
+
+
+def test_a_stuck_request_holds_an_unload_no_longer_than_the_graceful_timeout(tmp_path):
+    """The drain is --graceful_timeout, not a fixed five minutes (Core passes options.graceful_timeout)."""
+    base = str(tmp_path / "m")
+    copy_model(base, 1)
+    repo = Repository(config(base), Metrics(), poll_seconds=0, drain_seconds=0.5)
+    repo.poll_now()
+    copy_model(base, 2)
+    with repo.serving("flowers"):
+        started = time.monotonic()
+        poller = threading.Thread(target=repo.poll_now)
+        poller.start()
+        poller.join(20)
+        assert not poller.is_alive() and time.monotonic() - started < 20
     assert states(repo) == {1: "END", 2: "AVAILABLE"}
 
 

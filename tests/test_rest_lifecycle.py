@@ -56,24 +56,41 @@ def wait_for(predicate, timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def lifecycle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lifecycle")
+def lifecycle_server(root, warmup_records: int = 0):
+    """A real server polling a base path whose version 1 has `warmup_records` slow warmup records."""
     base = str(root / "flowers")
-    write_warmup(copy_model(str(root / "staging"), 1), WARMUP_RECORDS)
+    staging = copy_model(str(root / "staging"), 1)
+    if warmup_records:
+        write_warmup(staging, warmup_records)
     os.makedirs(base)
-    os.rename(str(root / "staging" / "1"), os.path.join(base, "1"))
+    os.rename(staging, os.path.join(base, "1"))
     batching = root / "batching.config"
     batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 300000 } "
                         "num_batch_threads { value: 2 }")
-    with run_server(f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.3",
-                    f"--batching_parameters_file={batching}", "--graceful_timeout=20", "--port=0",
-                    wait_ready=False) as server:
-        yield server, base
+    return run_server(f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.3",
+                      f"--batching_parameters_file={batching}", "--graceful_timeout=20", "--port=0",
+                      wait_ready=False)
 
 
-def test_readiness_waits_for_warmup(lifecycle):
-    server, _ = lifecycle
+@pytest.fixture(scope="module")
+def lifecycle(tmp_path_factory):
+    """One server for the tests that only add versions; each works from whatever version is newest."""
+    root = tmp_path_factory.mktemp("lifecycle")
+    with lifecycle_server(root) as server:
+        wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
+        yield server, str(root / "flowers")
+
+
+def newest_available(url: str) -> int:
+    return max(int(v) for v, s in versions(url).items() if s["state"] == "AVAILABLE")
+
+
+def test_readiness_waits_for_warmup(tmp_path):
+    with lifecycle_server(tmp_path, WARMUP_RECORDS) as server:
+        check_readiness_waits_for_warmup(server)
+
+
+def check_readiness_waits_for_warmup(server) -> None:
     first = requests.get(server.rest_url + "/readyz", timeout=10)
     assert first.status_code == 503 and "error" in first.json()
     assert requests.get(server.rest_url + "/v2/health/ready", timeout=10).status_code == 503
@@ -89,7 +106,7 @@ def test_readiness_waits_for_warmup(lifecycle):
 
 def test_hot_reload_under_load_loses_nothing(lifecycle):
     server, base = lifecycle
-    wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
+    old = newest_available(server.rest_url)
     seen, predicted, failures, stop = [], [], [], threading.Event()
 
     def client(send, record):
@@ -105,35 +122,41 @@ def test_hot_reload_under_load_loses_nothing(lifecycle):
     for t in threads:
         t.start()
     time.sleep(1.0)
-    copy_model(base, 2)
-    wait_for(lambda: versions(server.rest_url).get("1", {}).get("state") == "END")
+    copy_model(base, old + 1)
+    wait_for(lambda: versions(server.rest_url).get(str(old), {}).get("state") == "END")
     time.sleep(1.0)
     stop.set()
     for t in threads:
         t.join()
     assert failures == []
     assert predicted and all(len(body["predictions"]) == 1 for body in predicted)
-    assert seen[0] == 1 and seen[-1] == 2 and sorted(seen) == seen, "the version switches once, 1 -> 2"
+    assert seen[0] == old and seen[-1] == old + 1 and sorted(seen) == seen, "the version switches once"
 
 
 def test_broken_version_is_reported_and_service_continues(lifecycle):
     server, base = lifecycle
+    serving, broken = newest_available(server.rest_url), "99"
     staging = os.path.join(os.path.dirname(base), "broken")
     os.makedirs(staging)
     with open(os.path.join(staging, "saved_model.pb"), "wb") as f:
         f.write(b"not a saved model")
-    os.rename(staging, os.path.join(base, "3"))
-    wait_for(lambda: versions(server.rest_url).get("3", {}).get("state") == "END")
+    os.rename(staging, os.path.join(base, broken))
+    wait_for(lambda: versions(server.rest_url).get(broken, {}).get("state") == "END")
     status = versions(server.rest_url)
-    assert status["3"]["status"]["error_code"] != "OK" and status["3"]["status"]["error_message"]
-    assert status["2"]["state"] == "AVAILABLE"
+    assert status[broken]["status"]["error_code"] != "OK" and status[broken]["status"]["error_message"]
+    assert status[str(serving)]["state"] == "AVAILABLE"
     assert requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200
     response = classify(server.rest_url)
-    assert response.status_code == 200 and response.json()["version"] == 2
+    assert response.status_code == 200 and response.json()["version"] == serving
 
 
-def test_sigterm_finishes_requests_in_flight(lifecycle):
-    server, _ = lifecycle
+def test_sigterm_finishes_requests_in_flight(tmp_path):
+    with lifecycle_server(tmp_path) as server:
+        wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
+        check_sigterm_finishes_requests_in_flight(server)
+
+
+def check_sigterm_finishes_requests_in_flight(server) -> None:
     results = []
 
     def send():

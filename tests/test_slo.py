@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.slo import ENDPOINTS, TOTAL, SLOError, check, load_slo, parse_slo, parse_weights, percentile, \
+from load_tests.runner import DEFAULT_SLO
+from load_tests.slo import ENDPOINTS, TOTAL, SLOError, check, load_slo, parse_slo, parse_weights, percentile, \
     read_locust_stats
 
-REPO = Path(__file__).resolve().parents[1]
 RUN_START = 1_700_000_000.0
 
 SLO_TEXT = """
@@ -58,7 +58,7 @@ def ramp(low: int, high: int) -> list[float]:
 
 
 def test_shipped_slo_file_parses_and_covers_every_endpoint():
-    slo = load_slo(REPO / "load_tests" / "slo.toml")
+    slo = load_slo(DEFAULT_SLO)
     assert set(slo.endpoints) == set(ENDPOINTS)
     assert all(weight > 0 for weight in slo.weights.values())
     assert all(limits.p95_ms is not None for limits in slo.endpoints.values())

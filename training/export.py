@@ -16,18 +16,14 @@ import tempfile
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
+from exported_models import model_format
+from exported_models.model_format import DEFAULT_MODEL_NAME, DEFAULT_SIGNATURE, LABELS_FILE, WarmupRequest
 from training.models import ModelConfig
 from training.preprocessing import preprocess_eval
 
 log = logging.getLogger(__name__)
 
-LABELS_FILE = "labels.txt"
-LABELS_ASSET = f"assets/{LABELS_FILE}"
-SAVED_MODEL_FILE = "saved_model.pb"
-WARMUP_FILE = "tf_serving_warmup_requests"
-DEFAULT_MODEL_NAME = "flowers"
 MAX_WARMUP_IMAGES = 5
 
 
@@ -75,70 +71,10 @@ def synthetic_jpegs(count: int = 3, size: int = 64) -> list[bytes]:
     return images
 
 
-def _write_warmup(path: str, model_name: str, images: list[bytes]) -> None:
+def warmup_requests(images: list[bytes]) -> list[WarmupRequest]:
     """One single-image request per image plus one batch of all, so both batch shapes get compiled."""
     batches = [[image] for image in images] + ([images] if len(images) > 1 else [])
-    with tf.io.TFRecordWriter(path) as writer:
-        for batch in batches:
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = model_name
-            request.model_spec.signature_name = "serving_default"
-            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string, shape=[len(batch)]))
-            record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(record.SerializeToString())
-
-
-def exported_versions(export_base: str) -> list[int]:
-    """The published versions under a base path, ascending: integer directories that hold a saved_model.pb.
-
-    Anything else (a staging sibling, a version still being copied) is not a version yet. This is the one
-    definition of the layout that the server, `petal predict` and batch jobs all read.
-    """
-    base = export_base.rstrip("/")
-    try:
-        names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
-    except tf.errors.OpError:
-        return []
-    return sorted(int(name) for name in names
-                  if name.isdigit() and tf.io.gfile.exists(f"{base}/{name}/{SAVED_MODEL_FILE}"))
-
-
-def latest_version(model_path: str) -> str:
-    """A version directory as is, or a base path's highest published version (TF Serving's latest policy)."""
-    path = model_path.rstrip("/")
-    if tf.io.gfile.exists(f"{path}/{SAVED_MODEL_FILE}"):
-        return path
-    versions = exported_versions(path)
-    if not versions:
-        raise FileNotFoundError(f"no SavedModel in {model_path!r} (neither a saved_model.pb nor integer version "
-                                "directories holding one)")
-    return f"{path}/{versions[-1]}"
-
-
-def read_labels(path: str) -> list[str]:
-    """One label per line in label-id order, from any file system tf.io.gfile reads (blank lines skipped).
-
-    TensorFlow's file errors become OSErrors, so command lines can report a bad path like any other.
-    """
-    try:
-        with tf.io.gfile.GFile(path) as f:
-            labels = [line.strip() for line in f if line.strip()]
-    except tf.errors.NotFoundError:
-        raise FileNotFoundError(f"no labels file at {path}") from None
-    except tf.errors.OpError as error:
-        raise OSError(f"cannot read labels file {path}: {error.message}") from None
-    if not labels:
-        raise ValueError(f"{path} holds no labels")
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"{path} lists a label twice")
-    return labels
-
-
-def next_version(export_base: str) -> int:
-    """One more than the highest integer directory, as TF Serving orders versions; 1 for a new base."""
-    if not os.path.isdir(export_base):
-        return 1
-    return max((int(d) for d in os.listdir(export_base) if d.isdigit()), default=0) + 1
+    return [WarmupRequest(DEFAULT_SIGNATURE, {"image_bytes": np.array(batch, dtype=object)}) for batch in batches]
 
 
 def export_saved_model(model: keras.Model, export_base: str, labels: list[str], image_size: int,
@@ -149,9 +85,7 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
     argmax and label lookup. The warmup images are run through the exported function before the rename, so a
     model that cannot serve them is never published.
     """
-    if not labels or any("\n" in label or not label for label in labels):
-        raise ValueError("labels must be non-empty strings without newlines")
-    version = next_version(export_base) if version is None else int(version)
+    version = model_format.next_version(export_base) if version is None else int(version)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):
         raise FileExistsError(f"{final} already exists; versions are immutable, pick another --version")
@@ -161,8 +95,7 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
     try:
         labels_src = os.path.join(staging, "labels_src", LABELS_FILE)
         os.makedirs(os.path.dirname(labels_src))
-        with open(labels_src, "w") as f:
-            f.write("\n".join(labels) + "\n")
+        model_format.write_labels(labels_src, labels)
         servable = _Servable(model, labels_src, image_size)
         outputs = servable.serving_default(tf.constant(warmup_images))
         if outputs["probabilities"].shape != (len(warmup_images), len(labels)):
@@ -171,9 +104,7 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
         saved = os.path.join(staging, "model")
         tf.saved_model.save(servable, saved, signatures={"serving_default": servable.serving_default,
                                                           "predict_images": servable.predict_images})
-        os.makedirs(os.path.join(saved, "assets.extra"))
-        _write_warmup(os.path.join(saved, "assets.extra", WARMUP_FILE), os.path.basename(export_base.rstrip("/")),
-                      warmup_images)
+        model_format.write_warmup(saved, os.path.basename(export_base.rstrip("/")), warmup_requests(warmup_images))
         os.rename(saved, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -34,7 +34,7 @@ from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
 from training import PROGRESS_LOGGER
-from training.export import LABELS_FILE, read_labels
+from exported_models.model_format import LABELS_FILE, read_labels
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from training.export import DEFAULT_MODEL_NAME, LABELS_FILE, MAX_WARMUP_IMAGES, export_saved_model, read_labels
+from exported_models.model_format import DEFAULT_MODEL_NAME, LABELS_FILE, read_labels
+from training.export import MAX_WARMUP_IMAGES, export_saved_model
 from training.input import input_fn
 from training.models import DEFAULT_MODEL, MODEL_NAMES, ModelConfig
 from training.preprocessing import FEATURES

@@ -5,50 +5,28 @@ keep serving; only then are versions that are no longer aspired unloaded, after 
 A version that fails to load is reported END with its error and the versions below it stay candidates, so a
 broken upload never takes a model down. It is retried when its files change: a plain `cp -r` can show
 saved_model.pb before variables/ is complete, and must not leave that version dead until a restart.
-After a pass that loaded or unloaded anything, the heap is settled (serving/heap.py) to keep GC pauses short.
+After a pass that loaded or unloaded anything, the heap is settled (serving/core/heap.py) to keep GC pauses short.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
-import numpy as np
-import tensorflow as tf
-from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow_serving.apis import prediction_log_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import heap
-from serving.errors import ServingError, invalid, not_found, op_error_message, unavailable
-from serving.metrics import Metrics
-from training.export import LABELS_ASSET, SAVED_MODEL_FILE, exported_versions, read_labels
+from exported_models import model_format
+from serving.core import heap
+from serving.core.errors import ServingError, invalid, not_found, unavailable
+from serving.core.metrics import Metrics
+from serving.core.policy import aspired_versions
+from serving.core.servable import Servable
+from serving.core.source import candidate_versions, files_signature
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_SIGNATURE = "serving_default"
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-MAX_WARMUP_RECORDS = 1000
-_INTERNAL_SIGNATURES = ("__saved_model_init_op",)
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    dtype: str  # e.g. "DT_STRING"
-    shape: list[int] | None  # -1 = any; None = unknown rank
-
-
-@dataclass
-class SignatureInfo:
-    inputs: dict[str, TensorInfo]
-    outputs: dict[str, TensorInfo]
-    method_name: str
 
 
 @dataclass
@@ -57,101 +35,6 @@ class VersionStatus:
     state: str  # START, LOADING, AVAILABLE, UNLOADING, END
     error_code: str = "OK"
     error_message: str = ""
-
-
-def _tensor_info(proto) -> TensorInfo:
-    shape = None if proto.tensor_shape.unknown_rank else [int(d.size) for d in proto.tensor_shape.dim]
-    return TensorInfo(name=proto.name, dtype=types_pb2.DataType.Name(proto.dtype), shape=shape)
-
-
-def read_signatures(path: str) -> dict[str, SignatureInfo]:
-    """Signature defs straight from saved_model.pb: the tensor names, dtypes and method names TF Serving reports."""
-    saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, SAVED_MODEL_FILE), "rb") as f:
-        saved_model.ParseFromString(f.read())
-    defs = saved_model.meta_graphs[0].signature_def
-    return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
-                               outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
-                               method_name=sig.method_name)
-            for key, sig in defs.items() if key not in _INTERNAL_SIGNATURES}
-
-
-def _status_error(error: tf.errors.OpError) -> ServingError:
-    name = {tf.errors.INVALID_ARGUMENT: "INVALID_ARGUMENT", tf.errors.OUT_OF_RANGE: "OUT_OF_RANGE",
-            tf.errors.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED", tf.errors.FAILED_PRECONDITION: "FAILED_PRECONDITION",
-            tf.errors.UNIMPLEMENTED: "UNIMPLEMENTED", tf.errors.NOT_FOUND: "NOT_FOUND",
-            tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED", tf.errors.CANCELLED: "CANCELLED",
-            tf.errors.UNAVAILABLE: "UNAVAILABLE"}.get(error.error_code, "INTERNAL")
-    return ServingError(name, op_error_message(error.message) or str(error))
-
-
-class Servable:
-    """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish."""
-
-    def __init__(self, model: str, version: int, path: str):
-        self.model = model
-        self.version = version
-        self.path = path
-        self.signatures = read_signatures(path)
-        self._loaded = tf.saved_model.load(path)
-        self._fns = {key: self._loaded.signatures[key] for key in self.signatures if key in self._loaded.signatures}
-        self.labels = _labels(path)
-        self.refs = 0
-
-    def signature(self, name: str) -> tuple[str, SignatureInfo]:
-        key = name or DEFAULT_SIGNATURE
-        info = self.signatures.get(key)
-        if info is None or key not in self._fns:
-            raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
-        return key, info
-
-    def run(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Call one signature; TensorFlow's errors become ServingErrors with the same code."""
-        fn = self._fns[signature_name]
-        try:
-            outputs = fn(**{k: tf.constant(v) for k, v in inputs.items()})
-        except tf.errors.OpError as error:
-            raise _status_error(error) from None
-        except (TypeError, ValueError) as error:
-            raise invalid(str(error).splitlines()[0]) from None
-        return {k: v.numpy() for k, v in outputs.items()}
-
-    def warmup(self, metrics: Metrics) -> int:
-        """Replay assets.extra/tf_serving_warmup_requests (PredictLog records); a failure fails the load."""
-        path = os.path.join(self.path, WARMUP_FILE)
-        if not os.path.exists(path):
-            return 0
-        count = 0
-        for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS):
-            log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
-            if log.WhichOneof("log_type") != "predict_log":
-                continue
-            request = log.predict_log.request
-            key, _ = self.signature(request.model_spec.signature_name)
-            self.run(key, {k: tf.make_ndarray(v) for k, v in request.inputs.items()})
-            count += 1
-        metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
-        return count
-
-
-def _labels(path: str) -> list[str]:
-    """The exported labels; a SavedModel from elsewhere may have none, and is served without them."""
-    labels_path = os.path.join(path, LABELS_ASSET)
-    return read_labels(labels_path) if os.path.exists(labels_path) else []
-
-
-def files_signature(path: str) -> tuple[tuple[str, int, int], ...]:
-    """Every file under a version directory with its size and mtime: it changes while a copy is still arriving."""
-    entries = []
-    for root, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(root, name)
-            try:
-                stat = os.stat(full)
-            except OSError:  # removed while we looked: the next poll sees the difference
-                continue
-            entries.append((os.path.relpath(full, path), stat.st_size, stat.st_mtime_ns))
-    return tuple(sorted(entries))
 
 
 @dataclass
@@ -167,23 +50,14 @@ class _Model:
     versions: dict[int, _Version] = field(default_factory=dict)
 
 
-def aspired_versions(policy, candidates: list[int]) -> set[int]:
-    """The versions a FileSystemStoragePathSourceConfig ServableVersionPolicy asks for."""
-    which = policy.WhichOneof("policy_choice")
-    if which == "all":
-        return set(candidates)
-    if which == "specific":
-        return set(candidates) & set(policy.specific.versions)
-    count = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
-    return set(sorted(candidates)[-count:])
-
-
 class Repository:
     """Every model a worker serves. All public methods are thread-safe; loading happens on one poll thread."""
 
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
-                 poll_seconds: float = 1.0, warmup: bool = True, on_unload=None):
+                 poll_seconds: float = 1.0, warmup: bool = True,
+                 on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0):
         self._metrics = metrics
+        self._drain_seconds = drain_seconds
         self._poll_seconds = poll_seconds
         self._warmup = warmup
         self._on_unload = on_unload
@@ -265,25 +139,20 @@ class Repository:
             return
         with self._lock:
             failed = {v: entry.files for v, entry in model.versions.items() if entry.status.error_code != "OK"}
-        candidates = [v for v in exported_versions(config.base_path)
-                      if v not in failed or files_signature(self._version_path(config, v)) != failed[v]]
+        candidates = candidate_versions(config.base_path, failed)
         aspired = aspired_versions(config.model_version_policy, candidates)
         for version in sorted(aspired, reverse=True):
             with self._lock:
                 entry = model.versions.get(version)
                 if entry is not None and entry.status.state in ("LOADING", "AVAILABLE"):
                     continue
-            self._load(name, model, version, self._version_path(config, version))
+            self._load(name, model, version, model_format.version_path(config.base_path, version))
         with self._lock:
             if not any(model.versions[v].status.state == "AVAILABLE" for v in aspired if v in model.versions):
                 return  # never unload the versions that are serving before a wanted one is AVAILABLE
             retiring = [v for v, e in model.versions.items() if e.status.state == "AVAILABLE" and v not in aspired]
         for version in retiring:
             self._unload(name, model, version)
-
-    @staticmethod
-    def _version_path(config: model_server_config_pb2.ModelConfig, version: int) -> str:
-        return os.path.join(config.base_path, str(version))
 
     def _load(self, name: str, model: _Model, version: int, path: str) -> None:
         self._changed = True
@@ -315,13 +184,14 @@ class Repository:
         logger.info("version available", extra={"fields": {"model": name, "version": version,
                                                          "load_seconds": round(elapsed, 3), "warmup": warmed}})
 
-    def _unload(self, name: str, model: _Model, version: int, drain_seconds: float = 300.0) -> None:
+    def _unload(self, name: str, model: _Model, version: int) -> None:
+        """Retire a version once its requests in flight finish, waiting at most --graceful_timeout for them."""
         self._changed = True
         with self._lock:
             entry = model.versions[version]
             entry.status = VersionStatus(version, "UNLOADING")
             servable = entry.servable
-            deadline = time.monotonic() + drain_seconds
+            deadline = time.monotonic() + self._drain_seconds
             while servable is not None and servable.refs > 0 and time.monotonic() < deadline:
                 self._lock.wait(0.1)
             entry.servable = None

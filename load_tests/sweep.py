@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from serving.slo import TOTAL, Breach, EndpointStats
+from load_tests.slo import TOTAL, Breach, EndpointStats
 
 KNEE_METRICS = ("p95_ms", "max_failure_ratio")
 

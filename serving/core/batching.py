@@ -12,77 +12,51 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 import numpy as np
 
-from serving.cpus import available_cores
-from serving.errors import ServingError
-from serving.metrics import Metrics
+from serving.config import BatchingOptions
+from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, unavailable
+from serving.core.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@dataclass(frozen=True)
-class BatchingOptions:
-    """TF Serving's BatchingParameters. Defaults follow its CPU advice: one thread per core, no timeout, and a
-    queue of `num_batch_threads` batches for online serving."""
-    max_batch_size: int = 64
-    batch_timeout_micros: int = 0
-    max_enqueued_batches: int = max(2, available_cores())
-    num_batch_threads: int = max(2, available_cores())
-    allowed_batch_sizes: tuple[int, ...] = ()
-    pad_variable_length_inputs: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
-            raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be positive")
-        if self.batch_timeout_micros < 0:
-            raise ValueError("batch_timeout_micros must not be negative")
-        sizes = list(self.allowed_batch_sizes)
-        if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] != self.max_batch_size):
-            raise ValueError("allowed_batch_sizes must be increasing and end with max_batch_size, got "
-                             f"{sizes} for max_batch_size {self.max_batch_size}")
-
-    @classmethod
-    def from_proto(cls, proto) -> "BatchingOptions":
-        """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults."""
-        values = {}
-        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
-            if proto.HasField(name):
-                values[name] = getattr(proto, name).value
-        values["pad_variable_length_inputs"] = proto.pad_variable_length_inputs
-        if proto.allowed_batch_sizes:
-            values["allowed_batch_sizes"] = tuple(proto.allowed_batch_sizes)
-        return cls(**values)
-
-    def padded_size(self, rows: int) -> int:
-        for size in self.allowed_batch_sizes:
-            if size >= rows:
-                return size
-        return rows
-
-
-def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None) -> dict[str, np.ndarray]:
+def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
+               model_name: str, api: str) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
     past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
     if deadline is not None and time.monotonic() >= deadline:
-        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request ran")
-    outputs = fn(inputs)
+        raise deadline_exceeded("Deadline exceeded before the request ran")
+    outputs = _timed(fn, inputs, metrics, model_name, (api,))
     if deadline is not None and time.monotonic() > deadline:
-        raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was running")
+        raise deadline_exceeded("Deadline exceeded while the request was running")
     return outputs
 
 
-class _Task:
-    __slots__ = ("inputs", "size", "enqueued", "done", "outputs", "error", "queue")
+def _timed(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str,
+           apis: Iterable[str]) -> dict[str, np.ndarray]:
+    """One TF call, its runtime recorded once for each API among the requests it serves: predict and classify
+    share a batch queue, so the label comes from the requests in the batch, not from the queue."""
+    started = time.monotonic()
+    try:
+        return fn(inputs)
+    finally:
+        elapsed_us = (time.monotonic() - started) * 1e6
+        for api in sorted(set(apis)):
+            metrics.runtime_latency.observe(elapsed_us, model_name=model_name, API=api, runtime="TF")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int):
+
+class _Task:
+    __slots__ = ("inputs", "size", "api", "enqueued", "done", "outputs", "error", "queue")
+
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str):
         self.inputs = inputs
         self.size = size
+        self.api = api
         self.enqueued = time.monotonic()
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
@@ -130,15 +104,15 @@ class Batcher:
                 self._threads.append(thread)
 
     def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
-            deadline: float | None = None) -> dict[str, np.ndarray]:
+            deadline: float | None = None, api: str = "predict") -> dict[str, np.ndarray]:
         """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`."""
         if not self.enabled:
-            return run_inline(fn, inputs, deadline)
+            return run_inline(fn, inputs, deadline, self._metrics, model_name, api)
         if deadline is not None and time.monotonic() >= deadline:
-            raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded before the request was queued")
+            raise deadline_exceeded("Deadline exceeded before the request was queued")
         step = self.options.max_batch_size
-        chunks = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, size - i))
-                  for i in range(0, size, step)] if size > step else [_Task(inputs, size)]
+        chunks = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, size - i), api)
+                  for i in range(0, size, step)] if size > step else [_Task(inputs, size, api)]
         self._enqueue(key, model_name, fn, chunks)
         try:
             for task in chunks:
@@ -168,13 +142,13 @@ class Batcher:
         capacity = self.options.max_enqueued_batches * self.options.max_batch_size
         with self._cond:
             if self._closed:
-                raise ServingError("UNAVAILABLE", "The server is shutting down")
+                raise unavailable("The server is shutting down")
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = _Queue(model_name, fn)
             if queue.rows + rows > max(capacity, rows if not queue.tasks else 0):
                 self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
-                raise ServingError("UNAVAILABLE", "The batch scheduling queue to which this task was submitted "
+                raise unavailable("The batch scheduling queue to which this task was submitted "
                                    "is full")
             for task in tasks:
                 task.queue = queue
@@ -186,7 +160,7 @@ class Batcher:
     def _wait(self, task: _Task, deadline: float | None) -> None:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not task.done.wait(timeout):
-            raise ServingError("DEADLINE_EXCEEDED", "Deadline exceeded while the request was queued or running")
+            raise deadline_exceeded("Deadline exceeded while the request was queued or running")
         if task.error is not None:
             raise task.error
 
@@ -258,7 +232,7 @@ class Batcher:
         except Exception as error:  # a bug must fail its requests, never hang them
             logger.exception("batch failed", extra={"fields": {"model": queue.model_name}})
             for task in tasks:
-                task.error = ServingError("INTERNAL", f"Batch failed: {error}")
+                task.error = ServingError(Code.INTERNAL, f"Batch failed: {error}")
                 task.done.set()
             return
         offset = 0
@@ -279,10 +253,10 @@ class Batcher:
         self._metrics.processed_batch_size.observe(padded, model_name=queue.model_name)
         self._metrics.padding_size.observe(padded - rows, model_name=queue.model_name,
                                            execution_batch_size=str(padded))
-        outputs = queue.run(inputs)
+        outputs = _timed(queue.run, inputs, self._metrics, queue.model_name, (t.api for t in tasks))
         for name, value in outputs.items():
             if value.ndim == 0 or value.shape[0] != padded:
-                raise ServingError("INTERNAL", f"Output {name} has shape {list(value.shape)}, which is not "
+                raise ServingError(Code.INTERNAL, f"Output {name} has shape {list(value.shape)}, which is not "
                                    f"batched along the first dimension (batch of {padded})")
         return outputs
 
@@ -290,7 +264,7 @@ class Batcher:
         shapes = {a.shape[1:] for a in arrays}
         if len(shapes) > 1:
             if not self.options.pad_variable_length_inputs or len({len(s) for s in shapes}) > 1:
-                raise ServingError("INVALID_ARGUMENT", "Tensors from different requests have different shapes "
+                raise invalid("Tensors from different requests have different shapes "
                                    f"{sorted(shapes)} and padding is turned off")
             target = tuple(max(dims) for dims in zip(*shapes))
             arrays = [_pad_to_shape(a, target) for a in arrays]

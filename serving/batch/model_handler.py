@@ -17,10 +17,8 @@ import numpy as np
 import tensorflow as tf
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
-from tensorflow.core.protobuf import saved_model_pb2
 
-from training.export import LABELS_ASSET, SAVED_MODEL_FILE, latest_version, read_labels
-from training.strategy import resolve_strategy
+from exported_models.model_format import LABELS_ASSET, latest_version, read_labels, read_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +43,10 @@ class ModelInfo:
 def read_model_info(model_dir: str) -> ModelInfo:
     """Image size from the signature's input spec and labels from the assets, without loading the graph."""
     path = latest_version(model_dir)
-    saved_model = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(f"{path}/{SAVED_MODEL_FILE}", "rb") as f:
-        saved_model.ParseFromString(f.read())
-    signatures = saved_model.meta_graphs[0].signature_def
+    signatures = read_signatures(path)
     if SIGNATURE not in signatures:
         raise ValueError(f"{path} has no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with petal")
-    dims = [d.size for d in signatures[SIGNATURE].inputs[SIGNATURE_INPUT].tensor_shape.dim]
+    dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
     labels = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
@@ -59,14 +54,18 @@ def read_model_info(model_dir: str) -> ModelInfo:
 
 
 def select_strategy(use_tpu: bool, tpu: str | None = None) -> tf.distribute.Strategy:
-    """TPUStrategy when asked for (connected as `petal train` connects), MirroredStrategy over several GPUs (or
-    several logical CPUs, which only exist when configured on purpose), else the default strategy.
+    """TPUStrategy when asked for, MirroredStrategy over several GPUs (or several logical CPUs, which only exist
+    when configured on purpose), else the default strategy.
 
-    Not training's resolve_strategy for the rest: a batch job on a Beam worker must not turn a TF_CONFIG it
-    happens to inherit into MultiWorkerMirroredStrategy, and logical CPU devices must count as replicas.
+    Not training's resolve_strategy: a batch job on a Beam worker must not turn a TF_CONFIG it happens to inherit
+    into MultiWorkerMirroredStrategy, logical CPU devices must count as replicas, and serving code never imports
+    training beyond the shared preprocessing.
     """
     if use_tpu:
-        return resolve_strategy(tpu=tpu, use_tpu=True)
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
     for kind in ("GPU", "CPU"):
         devices = tf.config.list_logical_devices(kind)
         if len(devices) > 1:

@@ -16,11 +16,9 @@ from typing import Any
 import flask
 import numpy as np
 
-from serving.core import NUMPY_DTYPES
-from serving.errors import ServingError, invalid
-from serving.httputil import (ascii_int, b64decode, object_field, parse_json, parse_version,
+from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Code, Core, ServingError, invalid
+from serving.protocols.httputil import (ascii_int, b64decode, object_field, parse_json, parse_version,
                               request_body, string_field)
-from serving.repository import DEFAULT_SIGNATURE
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -136,7 +134,7 @@ def datatype_of(array: np.ndarray) -> str:
     for name, dtype in NUMPY_TYPES.items():
         if array.dtype == dtype:
             return name
-    raise ServingError("INTERNAL", f"Output dtype {array.dtype} has no V2 datatype")
+    raise ServingError(Code.INTERNAL, f"Output dtype {array.dtype} has no V2 datatype")
 
 
 def json_data(array: np.ndarray) -> tuple[list[Any], dict[str, Any]]:
@@ -180,7 +178,7 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 
 # ---- routes -----------------------------------------------------------------------------------------------
 
-def create_blueprint(core: Any) -> flask.Blueprint:
+def create_blueprint(core: Core) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
     error handlers make it), except health answers, whose bodies are empty (SPEC §6)."""
     bp = flask.Blueprint("kserve_v2", __name__)
@@ -220,7 +218,7 @@ def create_blueprint(core: Any) -> flask.Blueprint:
             return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype),
                      "shape": [-1] if t.shape is None else list(t.shape)} for name, t in infos.items()]
 
-        versions = [str(s.version) for s in core.status(model) if s.state == "AVAILABLE"]
+        versions = [str(v) for v in core.available_versions(model)]
         return {"name": model, "versions": versions if version is None else [str(resolved)],
                 "platform": PLATFORM, "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs)}
 

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from serving.errors import invalid
+from serving.core.errors import invalid
 
 
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic); not C4 (DHT), C8 (JPG) or CC (DAC).

@@ -28,9 +28,9 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from serving.batch_sources import FAILED, FORMATS, Failure, ReadRecords, infer_format
-from serving.errors import op_error_message
-from serving.model_handler import METRICS_NAMESPACE, ModelInfo, SavedModelHandler, read_model_info
+from serving.batch.sources import FAILED, FORMATS, Failure, ReadRecords, infer_format
+from serving.core.errors import op_error_message
+from serving.batch.model_handler import METRICS_NAMESPACE, ModelInfo, SavedModelHandler, read_model_info
 from training import PROGRESS_LOGGER
 from training.preprocessing import preprocess_eval
 

@@ -6,26 +6,22 @@ requests from every protocol batch together on one model copy.
 """
 from __future__ import annotations
 
-import logging
-import threading
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import numpy as np
-import tensorflow as tf
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import images
-from serving.batching import Batcher, run_inline
-from serving.config import ServerOptions, read_model_config
-from serving.cpus import available_cores
-from serving.errors import ServingError, invalid
-from serving.metrics import Metrics
-from serving.repository import (DEFAULT_SIGNATURE, Repository, Servable, SignatureInfo, TensorInfo,  # noqa: F401
-                                VersionStatus)
-
-logger = logging.getLogger(__name__)
+from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
+from serving.config import ServerOptions
+from serving.core import images
+from serving.core.batching import Batcher, run_inline
+from serving.core.errors import ServingError, invalid
+from serving.core.metrics import Metrics
+from serving.core.repository import Repository, VersionStatus
+from serving.core.servable import Servable
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -110,7 +106,7 @@ class Core:
             with self.repository.serving(model, version, label) as servable:
                 return self._predict_on(servable, inputs, signature_name, output_filter, deadline, api)
         except ServingError as error:
-            status = error.code
+            status = error.code.name
             raise
         finally:
             self.metrics.request_count.inc(model_name=model, status=status)
@@ -140,13 +136,13 @@ class Core:
             unknown = sorted(set(output_filter) - set(info.outputs))
             if unknown:
                 raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
-        run = self._runner(servable, key, api)
+        run = functools.partial(servable.run, key)
         if batched:
             size = next(iter(arrays.values())).shape[0]
             outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                       deadline)
+                                       deadline, api)
         else:
-            outputs = run_inline(run, arrays, deadline)
+            outputs = run_inline(run, arrays, deadline, self.metrics, servable.model, api)
         if output_filter:
             outputs = {k: outputs[k] for k in output_filter}
         return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
@@ -165,16 +161,6 @@ class Core:
             raise invalid("All inputs must have the same size in the first (batch) dimension, got "
                           + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
         return arrays, batched
-
-    def _runner(self, servable: Servable, signature_name: str, api: str):
-        def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            started = time.monotonic()
-            try:
-                return servable.run(signature_name, inputs)
-            finally:
-                self.metrics.runtime_latency.observe((time.monotonic() - started) * 1e6, model_name=servable.model,
-                                                     API=api, runtime="TF")
-        return run
 
     # --- model management --------------------------------------------------------------------------------------
 
@@ -195,6 +181,14 @@ class Core:
     def model_names(self) -> list[str]:
         return self.repository.model_names()
 
+    def available_versions(self, model: str) -> list[int]:
+        """The versions of a model that serve requests now, newest first."""
+        return [s.version for s in self.repository.status(model) if s.state == "AVAILABLE"]
+
+    def wait_loaded(self) -> None:
+        """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
+        self.repository.wait_first_pass()
+
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
         if config.WhichOneof("config") != "model_config_list":
             raise invalid("Only model_config_list is supported")
@@ -208,64 +202,14 @@ class Core:
         self.repository.stop()
         self.batcher.close()
 
-
-_current: Core | None = None
-
-
-def current() -> Core:
-    """This process's core (created by `create_core` in the gunicorn worker)."""
-    if _current is None:
-        raise RuntimeError("no serving core in this process; call create_core first")
-    return _current
-
-
-def intra_op_threads(options: ServerOptions, cores: int) -> int:
-    """Split the cores between everything that runs the model at once: each worker's batch threads (or, without
-    batching, the worker itself). A pool per caller as large as the machine only spins: for the default model,
-    one intra-op thread per batch thread gives 1.2-1.3x the images/s of TensorFlow's default on photos at 0.9x
-    the CPU."""
-    callers = options.workers * (options.batching.num_batch_threads if options.enable_batching else 1)
-    return options.tensorflow_intra_op_parallelism or max(1, cores // callers)
-
-
-def _configure_tensorflow(options: ServerOptions) -> None:
-    cores = available_cores()
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(options, cores))
-        tf.config.threading.set_inter_op_parallelism_threads(options.tensorflow_inter_op_parallelism or cores)
-    except RuntimeError:
-        logger.warning("TensorFlow was already initialised; thread settings unchanged")
-
-
-def create_core(options: ServerOptions) -> Core:
-    """Build this process's core and start loading its models in the background (readiness reports progress)."""
-    global _current
-    _configure_tensorflow(options)
-    metrics = Metrics()
-    batcher = Batcher(options.batching, metrics, enabled=options.enable_batching)
-    repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
-                            warmup=options.enable_model_warmup, on_unload=batcher.forget)
-    core = Core(repository=repository, batcher=batcher, metrics=metrics, options=options)
-    repository.start()
-    if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
-        threading.Thread(target=_watch_config, args=(core, options), name="petal-config", daemon=True).start()
-    _current = core
-    return core
-
-
-def _watch_config(core: Core, options: ServerOptions) -> None:
-    """Re-read --model_config_file; a broken edit is logged and the running config kept."""
-    last = options.model_server_config().SerializeToString(deterministic=True)
-    while not core.shutting_down:
-        time.sleep(options.model_config_file_poll_wait_seconds)
-        try:
-            config = read_model_config(options.model_config_file)
-        except Exception as error:
-            logger.warning("model config file unreadable; keeping the current one",
-                           extra={"fields": {"path": options.model_config_file, "error": str(error)}})
-            continue
-        text = config.SerializeToString(deterministic=True)
-        if text != last:
-            core.reload_config(config)
-            logger.info("model config reloaded", extra={"fields": {"models": core.model_names()}})
-        last = text
+    @classmethod
+    def create(cls, options: ServerOptions) -> "Core":
+        """A core for these options, its models loading in the background (readiness reports progress)."""
+        metrics = Metrics()
+        batcher = Batcher(options.batching, metrics, enabled=options.enable_batching)
+        repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
+                                warmup=options.enable_model_warmup, on_unload=batcher.forget,
+                                drain_seconds=options.graceful_timeout)
+        core = cls(repository=repository, batcher=batcher, metrics=metrics, options=options)
+        repository.start()
+        return core

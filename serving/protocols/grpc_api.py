@@ -23,8 +23,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_service_pb2_grpc)
 
 from serving.config import bind_address
-from serving.errors import ServingError
-from serving.repository import DEFAULT_SIGNATURE
+from serving.core import DEFAULT_SIGNATURE, Code, Core, ServingError, SignatureInfo, invalid
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,8 @@ log = logging.getLogger(__name__)
 RPC_THREADS = 64
 REGRESS_METHOD = "tensorflow/serving/regress"
 HEALTH_WATCH_PERIOD_S = 0.2
+# Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
+GRPC_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
 ALL_CLASSES = 1 << 30
 
 
@@ -53,7 +54,7 @@ def to_ndarray(proto: Any) -> np.ndarray:
     try:
         return tf.make_ndarray(proto)
     except Exception as exc:  # a malformed tensor is the caller's fault, never a 500
-        raise ServingError("INVALID_ARGUMENT", f"Malformed TensorProto: {exc}") from exc
+        raise invalid(f"Malformed TensorProto: {exc}") from exc
 
 
 def to_tensor_proto(array: np.ndarray) -> Any:
@@ -63,7 +64,7 @@ def to_tensor_proto(array: np.ndarray) -> Any:
 def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
     """The version/label selection of a ModelSpec as Core keyword arguments."""
     if not spec.name:
-        raise ServingError("INVALID_ARGUMENT", "Missing ModelSpec.name")
+        raise invalid("Missing ModelSpec.name")
     return {"model": spec.name,
             "version": spec.version.value if spec.HasField("version") else None,
             "label": spec.version_label or None}
@@ -79,7 +80,7 @@ def resolved_spec(name: str, version: int, signature_name: str) -> model_pb2.Mod
                                signature_name=signature_name)
 
 
-def signature_def(info: Any) -> meta_graph_pb2.SignatureDef:
+def signature_def(info: SignatureInfo) -> meta_graph_pb2.SignatureDef:
     """Core's SignatureInfo as the SignatureDef proto that GetModelMetadata returns."""
     def tensor_info(t: Any) -> meta_graph_pb2.TensorInfo:
         shape = (tensor_shape_pb2.TensorShapeProto(unknown_rank=True) if t.shape is None else
@@ -96,19 +97,18 @@ def example_images(request_input: Any) -> list[bytes]:
     """The image bytes of each tf.Example in a Classify request (feature `image_bytes`, or the only bytes one)."""
     kind = request_input.WhichOneof("kind")
     if kind is None:
-        raise ServingError("INVALID_ARGUMENT", "Input is empty")
+        raise invalid("Input is empty")
     examples = (request_input.example_list.examples if kind == "example_list"
                 else request_input.example_list_with_context.examples)
     if not examples:
-        raise ServingError("INVALID_ARGUMENT", "Input is empty")
+        raise invalid("Input is empty")
     images = []
     for i, example in enumerate(examples):
         features = {k: f.bytes_list.value for k, f in example.features.feature.items()
                     if f.WhichOneof("kind") == "bytes_list" and len(f.bytes_list.value) == 1}
         value = features.get("image_bytes") or (next(iter(features.values())) if len(features) == 1 else None)
         if value is None:
-            raise ServingError("INVALID_ARGUMENT",
-                               f"Example {i} needs one bytes feature 'image_bytes' holding the encoded image")
+            raise invalid(f"Example {i} needs one bytes feature 'image_bytes' holding the encoded image")
         images.append(value[0])
     return images
 
@@ -119,7 +119,7 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, request, context)
         except ServingError as err:
-            context.abort(grpc.StatusCode.__members__.get(err.code, grpc.StatusCode.UNKNOWN), err.message)
+            context.abort(GRPC_STATUS[err.code], err.message)
         except Exception as exc:
             log.exception("gRPC handler failed", extra={"fields": {"method": method.__name__}})
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -129,7 +129,7 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
 
     @rpc
@@ -168,14 +168,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
         for task in request.tasks:
             self.unimplemented(task.model_spec, task.method_name or "MultiInference", "MultiInference")
-        raise ServingError("INVALID_ARGUMENT", "MultiInference request has no tasks")
+        raise invalid("MultiInference request has no tasks")
 
     def unimplemented(self, spec: model_pb2.ModelSpec, method_name: str, rpc_name: str) -> None:
         """Petal models expose predict signatures only; say so (after NOT_FOUND checks) rather than guess."""
         fields = model_spec_fields(spec)
         version, signatures = self.core.signatures(fields["model"], fields["version"], fields["label"])
         have = ", ".join(f"{n} ({s.method_name})" for n, s in sorted(signatures.items()))
-        raise ServingError("UNIMPLEMENTED",
+        raise ServingError(Code.UNIMPLEMENTED,
                            f"{rpc_name} needs a {method_name} signature; model {fields['model']} version "
                            f"{version} has only: {have}. Use Predict (or Classify for image_bytes examples).")
 
@@ -184,8 +184,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                          context: grpc.ServicerContext) -> Any:
         fields = list(request.metadata_field)
         if fields != ["signature_def"]:
-            raise ServingError("INVALID_ARGUMENT",
-                               f"Metadata field(s) {fields or '[]'} not supported; only 'signature_def' is")
+            raise invalid(f"Metadata field(s) {fields or '[]'} not supported; only 'signature_def' is")
         spec = model_spec_fields(request.model_spec)
         version, signatures = self.core.signatures(spec["model"], spec["version"], spec["label"])
         sig_map = get_model_metadata_pb2.SignatureDefMap(
@@ -197,7 +196,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
 
     @rpc
@@ -218,7 +217,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         """Only this worker would see the RPC, so with several workers it is refused rather than let them diverge."""
         workers = self.core.options.workers
         if workers > 1:
-            raise ServingError("FAILED_PRECONDITION",
+            raise ServingError(Code.FAILED_PRECONDITION,
                                f"HandleReloadConfigRequest reaches only one of the {workers} worker processes, so "
                                "they would serve different models. Edit the file given to --model_config_file and "
                                "set --model_config_file_poll_wait_seconds instead: every worker reloads it.")
@@ -233,7 +232,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     NOT_SERVING for a shutdown, so that they do not keep the worker alive through its grace period.
     """
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
 
     def serving_status(self, service: str) -> int | None:
@@ -264,7 +263,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
             time.sleep(HEALTH_WATCH_PERIOD_S)
 
 
-def start(core: Any, host: str, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
+def start(core: Core, host: str, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
     """Start the gRPC server on host:port (shared with sibling workers through SO_REUSEPORT)."""
     options = [("grpc.so_reuseport", 1),
                ("grpc.max_receive_message_length", max_message_bytes),

@@ -1,31 +1,28 @@
-"""TF Serving's REST API (SPEC §1) plus Petal's image, health and metrics endpoints, as a Flask app over the core.
+"""TF Serving's REST API (SPEC §1) plus Petal's `:classify_image`, as a Flask blueprint over the core.
 
-The /v1 paths are matched by one case-insensitive pattern, the way TF Serving's handler does, so that a
-malformed path or verb gets TF Serving's 400 "Malformed request" rather than a generic 404.
+TF Serving matches its paths case-insensitively and puts the verb after a colon (`/v1/models/m:predict`). Flask's
+routing is case-sensitive, so `normalize_v1_path` lower-cases the fixed words of a /v1 path (never the model
+name or label) before routing, and the `verb` converter matches what follows the colon. Any other /v1 path gets
+TF Serving's 400 "Malformed request" rather than a generic 404.
 """
 from __future__ import annotations
 
 import base64
 import logging
-import re
 import time
+from collections.abc import Callable
 
 import flask
 import numpy as np
-from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter
 
-from serving import kserve
-from serving.core import IMAGE_INPUT, Core, SignatureInfo
-from serving.errors import ServingError, http_status, invalid
-from serving.httputil import (ascii_int, b64decode, error_response, json_response, parse_json,
+from serving.core import DEFAULT_SIGNATURE, IMAGE_INPUT, Core, ServingError, SignatureInfo, invalid
+from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
                               parse_version, request_body, string_field)
-from serving.repository import DEFAULT_SIGNATURE
 
 logger = logging.getLogger(__name__)
 
-_V1_PATH = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z_]+))?/?$", re.IGNORECASE)
+_V1_WORDS = ("models", "versions", "labels", "metadata")
 DEFAULT_TOP_K = 5
 
 
@@ -150,7 +147,35 @@ def metadata_response(name: str, version: int, signatures) -> dict:
             "metadata": {"signature_def": {"signature_def": defs}}}
 
 
-# --- the app --------------------------------------------------------------------------------------------------
+# --- routing --------------------------------------------------------------------------------------------------
+
+def normalize_v1_path(path: str) -> str:
+    """TF Serving's case-insensitive /v1 paths in the one spelling the URL rules use.
+
+    In `/v1/models/{name}[/versions/{N}|/labels/{L}][/metadata|:verb]` the fixed words sit at the even segment
+    positions, so those and the verb are lower-cased; the name and label (odd positions) keep their case. A
+    trailing slash is dropped, as TF Serving ignores it.
+    """
+    if path[:4].lower() != "/v1/":
+        return path
+    parts = path.rstrip("/").split("/")
+    for i in range(1, len(parts)):
+        if i == 1 or i % 2 == 0:
+            parts[i] = parts[i].lower()
+    name, colon, verb = parts[-1].partition(":")
+    parts[-1] = name + colon + verb.lower()
+    return "/".join(parts)
+
+
+class VerbConverter(BaseConverter):
+    """The `:verb` suffix (letters and underscores); which verbs exist is the blueprint's business."""
+    regex = "[a-z_]+"
+
+
+class SegmentConverter(BaseConverter):
+    """A model name or label: one path segment, without the colon that starts the verb."""
+    regex = "[^/:]+"
+
 
 def _top_k(default: int) -> int:
     text = flask.request.args.get("top_k")
@@ -162,75 +187,26 @@ def _top_k(default: int) -> int:
     return top_k
 
 
-def create_app(core: Core) -> flask.Flask:
-    """The WSGI app for one worker: TF Serving's /v1 API, KServe V2, health, metrics and classify_image."""
-    app = flask.Flask("petal")
+def malformed() -> ServingError:
+    return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
+
+
+def create_blueprint(core: Core) -> flask.Blueprint:
+    """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
+    bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
     options = core.options
-    app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
     timeout = options.rest_api_timeout_in_ms / 1000.0
+    spec_rules = {"latest": "/<segment:name>", "version": "/<segment:name>/versions/<segment:version>",
+                  "label": "/<segment:name>/labels/<segment:label>"}
 
-    @app.errorhandler(ServingError)
-    def serving_error(error: ServingError) -> flask.Response:
-        return error_response(http_status(error.code), error.message)
+    def status(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        return json_response(status_response(core.status(name, parse_version(version), label)))
 
-    @app.errorhandler(HTTPException)
-    def http_error(error: HTTPException) -> flask.Response:
-        if error.code == 404:
-            return error_response(404, f"Not found: {flask.request.method} {flask.request.path}")
-        return error_response(error.code or 500, error.description or error.name)
+    def metadata(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        resolved, signatures = core.signatures(name, parse_version(version), label)
+        return json_response(metadata_response(name, resolved, signatures))
 
-    @app.errorhandler(Exception)
-    def internal_error(error: Exception) -> flask.Response:
-        logger.exception("unhandled error", extra={"fields": {"path": flask.request.path}})
-        return error_response(500, f"Internal error: {type(error).__name__}")
-
-    @app.get("/healthz")
-    def healthz() -> flask.Response:
-        return json_response({"status": "live"})
-
-    @app.get("/readyz")
-    def readyz() -> flask.Response:
-        if core.ready():
-            return json_response({"status": "ready", "models": core.model_names()})
-        waiting = [m for m in core.model_names() if not core.model_ready(m)]
-        reason = "shutting down" if core.shutting_down else f"models without an AVAILABLE version: {waiting}"
-        return error_response(503, f"Not ready: {reason}")
-
-    if options.metrics_path:
-        @app.get(options.metrics_path)
-        def metrics() -> flask.Response:
-            return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
-
-    @app.before_request
-    def v1() -> flask.Response | None:
-        """Every /v1 path, matched case-insensitively like TF Serving (Flask's routing is case-sensitive)."""
-        request = flask.request
-        if request.path[:4].lower() != "/v1/":
-            return None
-        match = _V1_PATH.match(request.path)
-        verb = (match.group("verb") or "").lower() if match else ""
-        if match is None or (request.method == "GET") == bool(verb) or request.method not in ("GET", "POST") \
-                or (match.group("metadata") and request.method != "GET"):
-            raise invalid(f"Malformed request: {request.method} {request.path}")
-        name, label = match.group("name"), match.group("label")
-        version = parse_version(match.group("version"))
-        if request.method == "GET":
-            if match.group("metadata"):
-                resolved, signatures = core.signatures(name, version, label)
-                return json_response(metadata_response(name, resolved, signatures))
-            return json_response(status_response(core.status(name, version, label)))
-        deadline = time.monotonic() + timeout
-        if verb == "predict":
-            return _predict(name, version, label, deadline)
-        if verb == "classify":
-            return _classify(name, version, label, deadline)
-        if verb == "classify_image":
-            return _classify_image(name, version, label, deadline)
-        if verb == "regress":
-            return _regress(name, version, label)
-        raise invalid(f"Malformed request: {request.method} {request.path}")
-
-    def _predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+    def predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         body = json_body(options.max_request_bytes)
         signature_name = string_field(body, "signature_name")
         row_format = check_predict_body(body)
@@ -240,7 +216,7 @@ def create_app(core: Core) -> flask.Flask:
         result = core.predict(name, inputs, version, label, signature_name, deadline=deadline)
         return json_response(predict_response(result.outputs, row_format))
 
-    def _classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+    def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         body = json_body(options.max_request_bytes)
         examples, context = body.get("examples"), body.get("context") or {}
         if not isinstance(examples, list) or not examples or not all(isinstance(e, dict) for e in examples) \
@@ -258,7 +234,7 @@ def create_app(core: Core) -> flask.Flask:
                                           top_k=1 << 30, deadline=deadline)
         return json_response({"results": [[[lbl, score] for lbl, score in row] for row in results]})
 
-    def _regress(name: str, version: int | None, label: str | None) -> flask.Response:
+    def regress(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         body = json_body(options.max_request_bytes)
         key = string_field(body, "signature_name") or DEFAULT_SIGNATURE
         _, signatures = core.signatures(name, version, label)
@@ -267,7 +243,7 @@ def create_app(core: Core) -> flask.Flask:
         raise invalid(f"Expected regression signature method_name to be tensorflow/serving/regress. Was: "
                       f"{signatures[key].method_name}")
 
-    def _classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+    def classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         request = flask.request
         top_k = _top_k(DEFAULT_TOP_K)
         if request.mimetype == "multipart/form-data":
@@ -286,5 +262,23 @@ def create_app(core: Core) -> flask.Flask:
         return json_response({"model": name, "version": resolved,
                               "predictions": [{"label": lbl, "score": score} for lbl, score in results[0]]})
 
-    app.register_blueprint(kserve.create_blueprint(core))
-    return app
+    verbs: dict[str, Callable[[str, int | None, str | None, float], flask.Response]] = {
+        "predict": predict, "classify": classify, "regress": regress, "classify_image": classify_image}
+
+    def run_verb(name: str, verb: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        handler = verbs.get(verb)
+        if handler is None:
+            raise malformed()
+        return handler(name, parse_version(version), label, time.monotonic() + timeout)
+
+    for kind, rule in spec_rules.items():
+        bp.add_url_rule(rule, f"status_{kind}", status, methods=["GET"])
+        bp.add_url_rule(rule + "/metadata", f"metadata_{kind}", metadata, methods=["GET"])
+        bp.add_url_rule(rule + ":<verb:verb>", f"verb_{kind}", run_verb, methods=["POST"])
+    bp.add_url_rule("/<path:anything>", "malformed", _raise_malformed, methods=["GET", "POST", "PUT", "DELETE",
+                                                                                   "PATCH"])
+    return bp
+
+
+def _raise_malformed(anything: str) -> flask.Response:
+    raise malformed()

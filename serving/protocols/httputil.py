@@ -16,7 +16,7 @@ import zlib
 import flask
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from serving.errors import invalid
+from serving.core import invalid
 
 RETRY_AFTER_SECONDS = "1"
 JSON_MIMETYPE = "application/json"

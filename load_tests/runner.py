@@ -22,16 +22,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving import sweep
-from serving.config import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, REPO_ROOT
-from serving.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
+from load_tests import sweep
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
+from load_tests.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
     read_locust_stats
 
 log = logging.getLogger(__name__)
 
-REPO = Path(REPO_ROOT)
-DEFAULT_LOCUSTFILE = REPO / "load_tests" / "locustfile.py"
-DEFAULT_SLO = REPO / "load_tests" / "slo.toml"
+# Shipped as package data beside this module, so an installed Petal finds them from any working directory.
+DEFAULT_LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+DEFAULT_SLO = Path(__file__).with_name("slo.toml")
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
 SERVER_STOP_GRACE_S = 10
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
@@ -129,7 +129,7 @@ def running_server(model_base_path: Path, model_name: str, log_path: Path, extra
                *extra_flags]
     log.info("starting server", extra={"fields": {"command": shlex.join(command), "log": str(log_path)}})
     with open(log_path, "wb") as server_log:
-        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, cwd=REPO,
+        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT,
                                    env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ})
     try:
         deadline = time.monotonic() + timeout_s
@@ -180,7 +180,7 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
     with open(log_path, "wb") as locust_log:
         try:
             # Locust exits 1 whenever any request failed; the SLO check, not that, decides pass or fail.
-            subprocess.run(command, stdout=locust_log, stderr=subprocess.STDOUT, cwd=REPO,
+            subprocess.run(command, stdout=locust_log, stderr=subprocess.STDOUT,
                            timeout=settings.run_time_s + LOCUST_GRACE_S, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         except subprocess.TimeoutExpired:
             raise LoadTestError(f"locust did not finish within {settings.run_time_s + LOCUST_GRACE_S}s;"

@@ -12,10 +12,9 @@ import sys
 from typing import Sequence
 
 from serving.client import Client, PetalError, Prediction, RequestError, from_pairs
-from serving.config import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
-from serving.errors import op_error_message
-from serving.images import top_k as top_k_pairs
-from training.export import LABELS_ASSET, latest_version, read_labels
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, LABELS_ASSET, latest_version, read_labels
+from serving.core.errors import op_error_message
+from serving.core.images import top_k as top_k_pairs
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

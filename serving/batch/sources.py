@@ -23,7 +23,7 @@ from apache_beam.metrics import Metrics
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 
-from serving.model_handler import METRICS_NAMESPACE
+from serving.batch.model_handler import METRICS_NAMESPACE
 
 FAILED = "failed"
 FORMATS = ("images", "filelist", "tfrecord", "jsonl")

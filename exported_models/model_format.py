@@ -1,0 +1,177 @@
+"""The exported-model contract: the one place that says how a model is laid out on disk.
+
+Training writes through it, and the server, `petal predict` and batch jobs read through it, so the layout cannot
+drift between the two sides. It imports TensorFlow's file and proto modules only: never Keras (the server does not
+need it) and never Flask or Beam.
+
+Layout (TF Serving's): `<base>/<name>/<version>/` where `<version>` is an integer directory holding
+`saved_model.pb`, `variables/`, `assets/labels.txt` (one class name per line, in class-id order) and
+`assets.extra/tf_serving_warmup_requests` (a TFRecord of `tensorflow.serving.PredictionLog`).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+SAVED_MODEL_FILE = "saved_model.pb"
+LABELS_FILE = "labels.txt"
+LABELS_ASSET = f"assets/{LABELS_FILE}"
+WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many
+DEFAULT_SIGNATURE = "serving_default"
+_INTERNAL_SIGNATURES = ("__saved_model_init_op",)
+
+DEFAULT_MODEL_NAME = "flowers"
+# The default model ships inside this package, so an installed Petal serves it from any working directory.
+DEFAULT_MODEL_BASE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_MODEL_NAME)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str  # e.g. "DT_STRING"
+    shape: list[int] | None  # -1 = any; None = unknown rank
+
+
+@dataclass
+class SignatureInfo:
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    method_name: str
+
+
+# --- layout ---------------------------------------------------------------------------------------------------
+
+def version_path(base_path: str, version: int) -> str:
+    return f"{base_path.rstrip('/')}/{version}"
+
+
+def exported_versions(base_path: str) -> list[int]:
+    """The published versions under a base path, ascending: integer directories that hold a saved_model.pb.
+
+    Anything else (a staging sibling, a version still being copied) is not a version yet.
+    """
+    base = base_path.rstrip("/")
+    try:
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
+    except tf.errors.OpError:
+        return []
+    return sorted(int(name) for name in names
+                  if name.isascii() and name.isdigit() and tf.io.gfile.exists(f"{base}/{name}/{SAVED_MODEL_FILE}"))
+
+
+def latest_version(model_path: str) -> str:
+    """A version directory as is, or a base path's highest published version (TF Serving's latest policy)."""
+    path = model_path.rstrip("/")
+    if tf.io.gfile.exists(f"{path}/{SAVED_MODEL_FILE}"):
+        return path
+    versions = exported_versions(path)
+    if not versions:
+        raise FileNotFoundError(f"no SavedModel in {model_path!r} (neither a saved_model.pb nor integer version "
+                                "directories holding one)")
+    return version_path(path, versions[-1])
+
+
+def next_version(base_path: str) -> int:
+    """One more than the highest integer directory, as TF Serving orders versions; 1 for a new base."""
+    if not os.path.isdir(base_path):
+        return 1
+    return max((int(d) for d in os.listdir(base_path) if d.isascii() and d.isdigit()), default=0) + 1
+
+
+# --- labels ---------------------------------------------------------------------------------------------------
+
+def write_labels(path: str, labels: list[str]) -> None:
+    if not labels or any("\n" in label or not label for label in labels):
+        raise ValueError("labels must be non-empty strings without newlines")
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write("\n".join(labels) + "\n")
+
+
+def read_labels(path: str) -> list[str]:
+    """One label per line in label-id order, from any file system tf.io.gfile reads (blank lines skipped).
+
+    TensorFlow's file errors become OSErrors, so command lines can report a bad path like any other.
+    """
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            labels = [line.strip() for line in f if line.strip()]
+    except tf.errors.NotFoundError:
+        raise FileNotFoundError(f"no labels file at {path}") from None
+    except tf.errors.OpError as error:
+        raise OSError(f"cannot read labels file {path}: {error.message}") from None
+    if not labels:
+        raise ValueError(f"{path} holds no labels")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{path} lists a label twice")
+    return labels
+
+
+def version_labels(version_dir: str) -> list[str]:
+    """A version's class names; a SavedModel from elsewhere may have none, and is served without them."""
+    path = f"{version_dir.rstrip('/')}/{LABELS_ASSET}"
+    return read_labels(path) if tf.io.gfile.exists(path) else []
+
+
+# --- signatures -----------------------------------------------------------------------------------------------
+
+def _tensor_info(proto) -> TensorInfo:
+    shape = None if proto.tensor_shape.unknown_rank else [int(d.size) for d in proto.tensor_shape.dim]
+    return TensorInfo(name=proto.name, dtype=types_pb2.DataType.Name(proto.dtype), shape=shape)
+
+
+def read_signatures(version_dir: str) -> dict[str, SignatureInfo]:
+    """Signature defs straight from saved_model.pb: the tensor names, dtypes and method names TF Serving reports."""
+    saved_model = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(f"{version_dir.rstrip('/')}/{SAVED_MODEL_FILE}", "rb") as f:
+        saved_model.ParseFromString(f.read())
+    defs = saved_model.meta_graphs[0].signature_def
+    return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
+                               outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
+                               method_name=sig.method_name)
+            for key, sig in defs.items() if key not in _INTERNAL_SIGNATURES}
+
+
+# --- warmup ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class WarmupRequest:
+    signature_name: str
+    inputs: dict[str, np.ndarray]
+
+
+def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest]) -> str:
+    """Write the warmup file as `PredictionLog` records, the format TF Serving replays too."""
+    path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.TFRecordWriter(path) as writer:
+        for warmup in requests[:MAX_WARMUP_RECORDS]:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = warmup.signature_name
+            for name, value in warmup.inputs.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(record.SerializeToString())
+    return path
+
+
+def read_warmup(version_dir: str) -> Iterator[WarmupRequest]:
+    """The version's warmup predict requests (at most MAX_WARMUP_RECORDS); none when it has no warmup file."""
+    path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
+    if not tf.io.gfile.exists(path):
+        return
+    for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS).as_numpy_iterator():
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        if log.WhichOneof("log_type") != "predict_log":
+            continue
+        request = log.predict_log.request
+        yield WarmupRequest(request.model_spec.signature_name or DEFAULT_SIGNATURE,
+                            {k: tf.make_ndarray(v) for k, v in request.inputs.items()})

@@ -1,0 +1,13 @@
+"""The dataplane: one `Core` per worker process, shared by every protocol.
+
+This package's namespace is the core's public interface. Protocol adapters import from here, never from the
+modules behind it (the repository, batcher, servable), as the import-linter contract in pyproject.toml checks.
+"""
+from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
+from serving.core.dataplane import IMAGE_INPUT, NUMPY_DTYPES, PROBABILITIES_OUTPUT, Core, Inputs, PredictResult
+from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
+from serving.core.repository import VersionStatus
+
+__all__ = ["DEFAULT_SIGNATURE", "IMAGE_INPUT", "NUMPY_DTYPES", "PROBABILITIES_OUTPUT", "Code", "Core", "Inputs",
+           "PredictResult", "ServingError", "SignatureInfo", "TensorInfo", "VersionStatus", "deadline_exceeded",
+           "invalid", "not_found", "unavailable"]
