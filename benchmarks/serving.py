@@ -7,9 +7,10 @@
 2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
    images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
    under Petal's one intra-op thread per caller), and its fastest single-image latency.
-3. Petal (`petal serve`, defaults) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
+3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
    (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
-   binary BYTES extension; the baseline (benchmarks/naive_flask.py) gets the same REST body. Each run is a
+   binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end) and the baseline
+   (benchmarks/naive_flask.py) get the same REST body. Each run is a
    separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
    concurrency, warmup, then a fixed duration, with whole requests built before the clock starts. HTTP clients
    share one selector thread (raw sockets); gRPC clients are a thread each with a channel of their own.
@@ -450,8 +451,9 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 
 # --- report ---------------------------------------------------------------------------------------------------
 
-COLUMNS = ("rest", "grpc", "v2", "baseline")
-TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary", "baseline": "naive Flask"}
+COLUMNS = ("rest", "grpc", "v2", "gthread", "baseline")
+TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
+          "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
 
 
 def cell(r: dict) -> str:
@@ -470,13 +472,14 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
                                 single_ms=min(each.single_ms for each in limits))
     print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms\n")
     print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
-          + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | gRPC / REST |")
-    print("|---" * (len(COLUMNS) + 6) + "|")
+          + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | REST / gthread | gRPC / REST |")
+    print("|---" * (len(COLUMNS) + 7) + "|")
     for c in levels:
         r = {col: results[col][c] for col in COLUMNS}
         print(f"| {c} | " + " | ".join(cell(r[col]) for col in COLUMNS)
               + "".join(f" | {r[col]['rps'] / limit.rate:.2f}" for col in ("rest", "grpc", "v2"))
               + f" | {r['rest']['rps'] / max(r['baseline']['rps'], 1e-9):.2f}"
+              f" | {r['rest']['rps'] / max(r['gthread']['rps'], 1e-9):.2f}"
               f" | {r['grpc']['rps'] / max(r['rest']['rps'], 1e-9):.2f} |")
     first = levels[0]
     print(f"\np50 overhead at concurrency {first} over the in-process {limit.single_ms:.2f} ms: "
@@ -513,7 +516,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_base_path", default=None, help="default: exported_models/flowers")
     parser.add_argument("--image_size", type=int, default=64, help="model input size if no model is shipped")
-    parser.add_argument("--photo_sizes", default="480x360,64x64", help="WxH of the photo sets, first is primary")
+    parser.add_argument("--photo_sizes", default="480x360,640x427,64x64",
+                        help="WxH of the photo sets, first is primary")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
@@ -538,6 +542,8 @@ def main() -> int:
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
     samples = {name: {col: [] for col in COLUMNS} for name in sets}
     with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server, \
+            run_server(f"--model_base_path={base}", "--port=0", *args.petal_args.split(),
+                       "--worker_class=gthread") as gthread, \
             baseline_server(model_dir) as (baseline_port, baseline_pid):
         pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
@@ -551,6 +557,8 @@ def main() -> int:
         requests = {name: {"rest": rest_requests(rest_port, pid, photos),
                            "grpc": grpc_requests(grpc_port, pid, photos),
                            "v2": v2_binary_requests(rest_port, pid, photos),
+                           "gthread": rest_requests(int(gthread.rest_url.rsplit(":", 1)[1]), gthread.proc.pid,
+                                                    photos),
                            "baseline": rest_requests(baseline_port, baseline_pid, photos)}
                     for name, photos in sets.items()}
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike

@@ -20,6 +20,8 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
+from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME  # noqa: F401 (part of the contract)
+
 SAVED_MODEL_FILE = "saved_model.pb"
 LABELS_FILE = "labels.txt"
 LABELS_ASSET = f"assets/{LABELS_FILE}"
@@ -28,9 +30,6 @@ MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many
 DEFAULT_SIGNATURE = "serving_default"
 _INTERNAL_SIGNATURES = ("__saved_model_init_op",)
 
-DEFAULT_MODEL_NAME = "flowers"
-# The default model ships inside this package, so an installed Petal serves it from any working directory.
-DEFAULT_MODEL_BASE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_MODEL_NAME)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -302,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if importlib.util.find_spec("locust") is None:  # Locust runs in a subprocess, so no import fails here first
+        print("petal loadtest needs locust, which a plain install leaves out: pip install 'petal[loadtest]'",
+              file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

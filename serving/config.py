@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
+from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
 from serving.protos import BatchingParameters, MonitoringConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
+WORKER_CLASSES = ("gevent", "gthread")
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,18 @@ class ServerOptions:
     grpc_max_message_bytes: int = 64 * MB
     grpc_channel_arguments: str = ""
     workers: int = 1
+    worker_class: str = "gevent"
     threads: int = 32
+    max_connections: int = 1000
+    keepalive_timeout: float = 75.0
+    request_header_timeout: float = 10.0
+    request_body_timeout: float = 10.0
     max_request_bytes: int = 32 * MB
     max_image_pixels: int = 40_000_000
     graceful_timeout: float = 30.0
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     metrics_path: str | None = DEFAULT_METRICS_PATH
+    reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
 
     def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
         if self.model_config_file:
@@ -162,8 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")
     flag("--grpc_channel_arguments", default="", help="comma-separated key=value gRPC channel arguments")
     flag("--workers", type=int, default=d.workers, help="(Petal) worker processes, each with its own model copy")
+    flag("--worker_class", choices=WORKER_CLASSES, default=d.worker_class,
+         help="(Petal) gevent: connections on an event loop, TensorFlow on OS threads; gthread: a thread per "
+         "connection (the older front end, kept for comparison)")
     flag("--threads", "--rest_api_num_threads", dest="threads", type=int, default=d.threads,
-         help="(Petal) request threads per worker")
+         help="(Petal) request threads per worker with --worker_class=gthread; OS threads for unbatched runs "
+         "with gevent")
+    flag("--max_connections", type=int, default=d.max_connections,
+         help="(Petal, gevent) open connections per worker; past it a new one gets 503 and is closed")
+    flag("--keepalive_timeout", type=float, default=d.keepalive_timeout,
+         help="(Petal) seconds an idle keep-alive connection stays open (longer than your load balancer's)")
+    flag("--request_header_timeout", type=float, default=d.request_header_timeout,
+         help="(Petal, gevent) seconds from a request's first byte to the end of its headers")
+    flag("--request_body_timeout", type=float, default=d.request_body_timeout,
+         help="(Petal, gevent) seconds for a request's body, plus one per 64 KiB received")
     flag("--max_request_bytes", type=int, default=d.max_request_bytes, help="(Petal) larger bodies get 413")
     flag("--max_image_pixels", type=int, default=d.max_image_pixels,
          help="(Petal) larger images get 400 before they are decoded")
@@ -187,6 +206,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
             read_model_config(args.model_config_file)
     except (OSError, ValueError, text_format.ParseError) as error:
         parser.error(str(error))
-    if options.workers < 1 or options.threads < 1:
-        parser.error("--workers and --threads must be at least 1")
+    if min(options.workers, options.threads, options.max_connections) < 1:
+        parser.error("--workers, --threads and --max_connections must be at least 1")
+    if min(options.keepalive_timeout, options.request_header_timeout, options.request_body_timeout) <= 0:
+        parser.error("--keepalive_timeout, --request_header_timeout and --request_body_timeout must be positive")
     return options

@@ -1,8 +1,9 @@
-"""`petal serve`: gunicorn (gthread workers) running the Flask app, with gRPC in the same worker processes.
+"""`petal serve`: gunicorn running the Flask app, with gRPC in the same worker processes.
 
 Each worker process is a complete server: it builds one Core (model repository + batcher), serves REST/KServe
-from gunicorn's request threads and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every
-protocol batches onto the same model copy. TensorFlow is only imported in the workers, after the fork.
+from gunicorn's event loop (serving/gevent_worker.py; `--worker_class=gthread` keeps the older thread per
+connection) and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every protocol batches onto the
+same model copy. TensorFlow is only imported in the workers, after the fork.
 On SIGTERM a worker turns readiness false, stops accepting, lets requests in flight finish, then exits; the
 master gives it --graceful_timeout.
 """
@@ -11,17 +12,20 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 
 from gunicorn.app.base import BaseApplication
 
 from serving.config import ServerOptions, bind_address, parse_args
+from serving import metrics
 
 logger = logging.getLogger(__name__)
 
 WORKER_HEARTBEAT_TIMEOUT_S = 120
-KEEPALIVE_S = 75
+REFUSAL_HEADROOM = 64  # connections past --max_connections that the gevent worker accepts only to refuse
 
 
 def _post_worker_init(worker) -> None:
@@ -45,7 +49,13 @@ def _post_worker_init(worker) -> None:
     def on_sigterm(sig, frame) -> None:
         core.begin_shutdown()
         if grpc_server is not None:
-            grpc_server.stop(options.graceful_timeout)  # refuses new RPCs now, lets running ones finish
+            # refuses new RPCs now, lets running ones finish; under gevent a signal handler runs on the loop,
+            # where a blocking call is not allowed, so the stop runs in a greenlet of its own
+            if options.worker_class == "gevent":
+                import gevent
+                gevent.spawn(grpc_server.stop, options.graceful_timeout)
+            else:
+                grpc_server.stop(options.graceful_timeout)
         gunicorn_handler(sig, frame)
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -64,6 +74,11 @@ def _worker_exit(server, worker) -> None:
         pass
 
 
+def _child_exit(server, worker) -> None:
+    """In the master: a dead worker's live gauges (queue depth, loaded versions) leave the shared totals."""
+    metrics.worker_exited(worker.pid)
+
+
 class PetalApplication(BaseApplication):
     """gunicorn configured from tensorflow_model_server-style flags instead of gunicorn's own."""
 
@@ -76,19 +91,32 @@ class PetalApplication(BaseApplication):
         settings = {
             "bind": [bind_address(o.host, o.rest_api_port)],
             "workers": o.workers,
-            "worker_class": "gthread",
+            "worker_class": self.worker_class(),
             "threads": o.threads,
+            "worker_connections": o.max_connections + REFUSAL_HEADROOM,
             "graceful_timeout": max(1, math.ceil(o.graceful_timeout)),
             "timeout": WORKER_HEARTBEAT_TIMEOUT_S,
-            "keepalive": KEEPALIVE_S,
+            "keepalive": max(1, math.ceil(o.keepalive_timeout)),
             "post_worker_init": _post_worker_init,
             "worker_exit": _worker_exit,
+            "child_exit": _child_exit,
             "loglevel": "warning" if logging.getLogger().level > logging.INFO else "info",
             "accesslog": None,
             "proc_name": "petal-serve",
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
+
+    def worker_class(self) -> type | str:
+        """gthread by name; for gevent, Petal's worker with this server's limits set on it."""
+        if self.options.worker_class == "gthread":
+            return "gthread"
+        from serving.gevent_worker import PetalGeventWorker
+
+        o = self.options
+        return type("ConfiguredGeventWorker", (PetalGeventWorker,), {
+            "petal_max_connections": o.max_connections, "petal_header_timeout": o.request_header_timeout,
+            "petal_body_timeout": o.request_body_timeout, "petal_os_threads": o.threads})
 
     def load(self):
         from serving.worker import create_core
@@ -106,7 +134,18 @@ def main(argv: list[str]) -> int:
     grpc = f", gRPC on {bind_address(options.host, options.port)}" if options.port else ""
     print(f"petal serve: {models}; REST on http://{bind_address(options.host, options.rest_api_port)}{grpc}; "
           f"ready when /readyz answers 200", file=sys.stderr, flush=True)
-    PetalApplication(options).run()
+    shared = ""
+    if options.workers > 1:
+        # What the workers share: a reload RPC's config for all of them, and prometheus_client's per-process
+        # files, so /monitoring/prometheus/metrics shows the same totals whichever worker answers.
+        shared = tempfile.mkdtemp(prefix="petal-workers-")
+        options.reload_dir = shared
+        metrics.prepare_multiprocess(os.path.join(shared, "metrics"))
+    try:
+        PetalApplication(options).run()
+    finally:
+        if shared:
+            shutil.rmtree(shared, ignore_errors=True)
     return 0
 
 

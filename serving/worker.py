@@ -5,17 +5,23 @@ worker's core later (gRPC, signal handlers) asks `current()`.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
-import time
 
 import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServerOptions, read_model_config
 from serving.core import Core
 from serving.cpus import available_cores
 
 logger = logging.getLogger(__name__)
+
+RELOAD_FILE = "model_config.pbtxt"
+RELOAD_POLL_S = 0.5
 
 _current: Core | None = None
 
@@ -46,29 +52,51 @@ def _configure_tensorflow(options: ServerOptions) -> None:
 
 
 def create_core(options: ServerOptions) -> Core:
-    """Build this process's core and start loading its models in the background (readiness reports progress)."""
+    """Build this process's core and start loading its models in the background (readiness reports progress).
+
+    With several workers, a reload RPC reaches one of them; that worker applies it and publishes the config in
+    --workers' shared directory, which every worker watches the way it watches --model_config_file.
+    """
     global _current
     _configure_tensorflow(options)
     core = Core.create(options)
+    watched: list[tuple[str, float, bytes]] = []
     if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
-        threading.Thread(target=_watch_config, args=(core, options), name="petal-config", daemon=True).start()
+        watched.append((options.model_config_file, options.model_config_file_poll_wait_seconds,
+                        options.model_server_config().SerializeToString(deterministic=True)))
+    if options.reload_dir:
+        published = os.path.join(options.reload_dir, RELOAD_FILE)
+        core.publish_config = functools.partial(_publish, published)
+        watched.append((published, RELOAD_POLL_S, b""))
+    for path, seconds, last in watched:
+        threading.Thread(target=_watch_config, args=(core, path, seconds, last), name="petal-config",
+                         daemon=True).start()
     _current = core
     return core
 
 
-def _watch_config(core: Core, options: ServerOptions) -> None:
-    """Re-read --model_config_file; a broken edit is logged and the running config kept."""
-    last = options.model_server_config().SerializeToString(deterministic=True)
-    while not core.shutting_down:
-        time.sleep(options.model_config_file_poll_wait_seconds)
+def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
+    """Write the config where every worker looks, in one rename, so no worker reads half a file."""
+    staging = f"{path}.{os.getpid()}.tmp"
+    with open(staging, "w") as f:
+        f.write(text_format.MessageToString(config))
+    os.replace(staging, path)
+
+
+def _watch_config(core: Core, path: str, seconds: float, last: bytes) -> None:
+    """Re-read a config file; a broken or missing one is logged (once per change) and the running config kept."""
+    stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
+    while not core.shutting_down and not stop.wait(seconds):
+        if not os.path.exists(path) and not last:
+            continue
         try:
-            config = read_model_config(options.model_config_file)
+            config = read_model_config(path)
         except Exception as error:
             logger.warning("model config file unreadable; keeping the current one",
-                           extra={"fields": {"path": options.model_config_file, "error": str(error)}})
+                           extra={"fields": {"path": path, "error": str(error)}})
             continue
         text = config.SerializeToString(deterministic=True)
         if text != last:
-            core.reload_config(config)
-            logger.info("model config reloaded", extra={"fields": {"models": core.model_names()}})
+            core.reload_config(config, publish=False)
+            logger.info("model config reloaded", extra={"fields": {"path": path, "models": core.model_names()}})
         last = text

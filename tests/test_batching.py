@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from serving.config import BatchingOptions
 from serving.core.batching import Batcher
 from serving.core.errors import ServingError
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 from serving.protos import BatchingParameters
 
 

@@ -13,7 +13,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from exported_models import model_format
 from exported_models.model_format import next_version
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 from serving.core.servable import Servable
 from training.export import export_saved_model
 from training.models import build_model

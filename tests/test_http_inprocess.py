@@ -11,11 +11,13 @@ import gzip
 import io
 import json
 import struct
+import time
 import zlib
 
 import numpy as np
 import pytest
 from server_harness import LABELS, b64, tiny_model_base
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from serving.config import ServerOptions
 from serving.core import Code, Core, ServingError
@@ -329,8 +331,6 @@ def test_body_of_exactly_the_limit_is_read(client):
 DEEP = 900  # under the JSON parser's nesting limit, but the decoders recurse once per level on top of Flask's stack
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: deeply nested JSON raises RecursionError (in json.loads, in "
-                   "rest.decode_b64 or in kserve.flatten), which the app turns into a 500, not a 400")
 @pytest.mark.parametrize("path, data", [
     (PREDICT, b"[" * 100_000),
     (PREDICT, b'{"inputs": ' + b"[" * DEEP + b"]" * DEEP + b"}"),
@@ -338,15 +338,63 @@ DEEP = 900  # under the JSON parser's nesting limit, but the decoders recurse on
      + b"[" * DEEP + b'"a"' + b"]" * DEEP + b"}]}"),
 ], ids=["rest-parser", "rest-b64-decoder", "kserve-flatten"])
 def test_deeply_nested_json_is_400_not_500(client, path, data):
-    error_of(client.post(path, **raw(data)), 400)
+    assert_error(client.post(path, **raw(data)), 400, "arrays and objects nest deeper than the limit of 64 levels")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: httputil.request_body inflates only the first gzip member "
-                   "(zlib.decompressobj stops there), so a multi-member gzip body (RFC 1952) loses its tail")
 def test_multi_member_gzip_body(client):
     document = json.dumps({"instances": [b64(JPEG)]}).encode()
     data = gzip.compress(document[:10]) + gzip.compress(document[10:])
     assert len(ok_json(client.post(PREDICT, **raw(data, **{"Content-Encoding": "gzip"})))["predictions"]) == 1
+
+
+def test_multi_member_gzip_bomb_is_413(client):
+    """The limit is on the sum of the members, not on each one."""
+    member = gzip.compress(b" " * (MAX_REQUEST_BYTES // 2 + 1))
+    assert_error(client.post(PREDICT, **raw(member + member, **{"Content-Encoding": "gzip"})), 413,
+                 f"The decompressed body exceeds --max_request_bytes ({MAX_REQUEST_BYTES})$")
+
+
+# Hostile JSON (SPEC: every malformed body is a fast 400): (id, the JSON text of one tensor value, message).
+HOSTILE_JSON = [
+    ("nested-100", b"[" * 100 + b"1" + b"]" * 100, "arrays and objects nest deeper than the limit of 64 levels"),
+    ("nested-90k-unclosed", b"[" * 90_000, "arrays and objects nest deeper than the limit of 64 levels"),
+    ("nested-objects", b'{"a": ' * 70 + b"1" + b"}" * 70, "arrays and objects nest deeper than the limit of 64 levels"),
+    ("duplicate-key", b'{"b64": "AP8=", "b64": "AP8="}', "duplicate key 'b64' in an object"),
+    ("NaN", b"NaN", "NaN is not a JSON number"),
+    ("Infinity", b"Infinity", "Infinity is not a JSON number"),
+    ("-Infinity", b"-Infinity", "-Infinity is not a JSON number"),
+    ("int-5000-digits", b"9" * 5000, "a number has more than 100 digits"),
+    ("int-101-digits", b"-" + b"1" * 101, "a number has more than 100 digits"),
+    ("float-101-digits", b"0." + b"1" * 101, "a number has more than 100 digits"),
+    ("1e999", b"1e999", "number 1e999 is out of range of a float"),
+    ("-1E+400", b"-1E+400", "number -1E+400 is out of range of a float"),
+    ("lone-high-surrogate", b'"\\ud800"', "a string holds a lone UTF-16 surrogate escape"),
+    ("lone-low-surrogate", b'"a\\uDC00b"', "a string holds a lone UTF-16 surrogate escape"),
+    ("reversed-pair", b'"\\ude00\\ud83d"', "a string holds a lone UTF-16 surrogate escape"),
+    ("raw-utf8-surrogate", b'"\xed\xa0\x80"', "'utf-8' codec can't decode"),
+]
+HOSTILE_BODIES = {  # where the hostile value goes in each API's request
+    "predict": (PREDICT, b'{"instances": [%s]}'),
+    "classify": ("/v1/models/flowers:classify", b'{"examples": [{"image_bytes": %s}]}'),
+    "regress": ("/v1/models/flowers:regress", b'{"examples": [{"x": %s}]}'),
+    "v2-infer": (INFER, b'{"inputs": [{"name": "images", "shape": [1], "datatype": "FP32", "data": [%s]}]}'),
+}
+
+
+@pytest.mark.parametrize("api", list(HOSTILE_BODIES))
+@pytest.mark.parametrize("value, message", [c[1:] for c in HOSTILE_JSON], ids=[c[0] for c in HOSTILE_JSON])
+def test_hostile_json_is_400(client, api, value, message):
+    path, template = HOSTILE_BODIES[api]
+    assert_error(client.post(path, **raw(template % value)), 400, f"JSON Parse error: {message}")
+
+
+@pytest.mark.parametrize("api", list(HOSTILE_BODIES))
+def test_hostile_json_in_the_request_object_itself(client, api):
+    """Duplicate top-level keys: the second would silently win."""
+    path, template = HOSTILE_BODIES[api]
+    body = template % b"1"
+    assert_error(client.post(path, **raw(body[:1] + b'"signature_name": "a", "signature_name": "b", ' + body[1:])),
+                 400, "JSON Parse error: duplicate key 'signature_name' in an object$")
 
 
 # --- response encoding ----------------------------------------------------------------------------------------
@@ -698,20 +746,19 @@ def test_v2_infer_path_errors(client, method, path, status, message):
     assert_error(send(client, method, path, {"json": {"inputs": [bytes_spec()]}}), status, message)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kserve.decode_input catches only TypeError/ValueError from "
-                   "np.array(data, dtype), but numpy raises OverflowError for an out-of-range integer: a 500")
-@pytest.mark.parametrize("datatype, value", [("INT8", 1000), ("UINT8", -1), ("INT32", 2 ** 40)])
+@pytest.mark.parametrize("datatype, value", [("INT8", 1000), ("UINT8", -1), ("INT32", 2 ** 40),
+                                             ("UINT64", 2 ** 64), ("INT64", -(2 ** 63) - 1)])
 def test_v2_out_of_range_integer_is_400(client, datatype, value):
     body = {"inputs": [{"name": "image_bytes", "shape": [1], "datatype": datatype, "data": [value]}]}
-    error_of(client.post(INFER, json=body), 400)
+    assert_error(client.post(INFER, json=body), 400, f"Input 'image_bytes': data is not {datatype}: ")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kserve.decode_input turns JSON null in FP32 data into NaN "
-                   "(np.array([None], float32)) and runs the model on it, where the REST API answers 400")
-def test_v2_null_in_numeric_data_is_400(client):
+@pytest.mark.parametrize("datatype", ["FP32", "INT32", "BOOL"])
+def test_v2_null_in_numeric_data_is_400(client, datatype):
     body = {"parameters": {"signature_name": "predict_images"},
-            "inputs": [{"name": "images", "shape": [1, 32, 32, 3], "datatype": "FP32", "data": [None] * 3072}]}
-    assert_error(client.post(INFER, json=body), 400, "FP32")
+            "inputs": [{"name": "images", "shape": [1, 32, 32, 3], "datatype": datatype,
+                        "data": [0] * 3071 + [None]}]}
+    assert_error(client.post(INFER, json=body), 400, f"Input 'images': data is not {datatype}: null is not a number$")
 
 
 # --- probes, metrics, unknown paths ---------------------------------------------------------------------------
@@ -830,6 +877,77 @@ def test_parse_json(data, value):
 def test_parse_json_rejects(data, message):
     error = invalid_message(httputil.parse_json, data)
     assert error == message[:-1] if message.endswith("$") else error.startswith(message)
+
+
+@pytest.mark.parametrize("data, value", [
+    (b"[" * 64 + b"]" * 64, json.loads("[" * 64 + "]" * 64)),
+    (b'["[[[[' + b"[" * 100 + b'"]', ["[[[[" + "[" * 100]),
+    (b'["\\"' + b"[" * 100 + b'", {"a": "\\\\"}]', ['"' + "[" * 100, {"a": "\\"}]),
+    (b'["\\ud83d\\ude00", "\\\\ud800"]', ["\U0001F600", "\\ud800"]),
+    (b"[1e308, -1.7976931348623157e+308, 1e-999, 1E+2, " + b"9" * 100 + b"]",
+     [1e308, -1.7976931348623157e308, 0.0, 100.0, int("9" * 100)]),
+    ('{"\u00e9": [1]}'.encode("utf-16"), {"\u00e9": [1]}),
+    (b"\xef\xbb\xbf[1]", [1]),
+    (b'{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}', {"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}),
+], ids=["64-deep", "brackets-in-strings", "escaped-quotes", "surrogate-pair", "number-edges", "utf-16", "utf-8-bom",
+        "same-key-in-different-objects"])
+def test_parse_json_accepts_the_edges(data, value):
+    assert httputil.parse_json(data) == value
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"[" * 65 + b"]" * 65, "arrays and objects nest deeper than the limit of 64 levels"),
+    (b"[" * 1_000_000, "arrays and objects nest deeper than the limit of 64 levels"),
+    (b'["\\"", ' + b"[" * 65 + b"]" * 65 + b"]", "arrays and objects nest deeper than the limit of 64 levels"),
+    (b'{"a": 1, "b": 2, "a": 3}', "duplicate key 'a' in an object"),
+    (b"[NaN]", "NaN is not a JSON number"),
+    (b"[1e309]", "number 1e309 is out of range of a float"),
+    (b"[" + b"9" * 4301 + b"]", "a number has more than 100 digits"),
+    (b'["\\ud800"]', "a string holds a lone UTF-16 surrogate escape"),
+    (b'{"\\udfff": 1}', "a string holds a lone UTF-16 surrogate escape"),
+], ids=["65-deep", "1M-deep", "deep-after-escaped-quote", "duplicate-key", "NaN", "float-overflow", "4301-digits",
+        "lone-surrogate", "lone-surrogate-key"])
+def test_parse_json_rejects_hostile(data, message):
+    assert invalid_message(httputil.parse_json, data).startswith(f"JSON Parse error: {message}")
+
+
+def test_parse_json_depth_check_is_fast():
+    """Tens of megabytes of brackets are refused in well under a second, not parsed (or recursed into)."""
+    started = time.perf_counter()
+    assert "nest deeper" in invalid_message(httputil.parse_json, b"[" * (30 << 20))
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("data, depth", [(b"", 0), (b"[]", 1), (b"[[],[[]]]", 3), (b"[" * 200, 65),
+                                         (b"[]" * 1000, 1), (b"[]" * 1000 + b"{[{}]}", 3)])
+def test_bracket_depth(data, depth):
+    assert min(httputil.bracket_depth(data), 65) == depth
+
+
+def test_inflate_all_gzip_members():
+    parts = [b'{"a": ', b"[1, 2", b"]}"]
+    assert httputil.inflate(b"".join(gzip.compress(p) for p in parts), "gzip", 100) == b"".join(parts)
+    many = gzip.compress(b"x") * 5000  # more members than one input chunk holds
+    assert httputil.inflate(many, "gzip", 10_000) == b"x" * 5000
+
+
+@pytest.mark.parametrize("data, encoding, message", [
+    (gzip.compress(b"[1]")[:-3], "gzip", "Invalid gzip body: the compressed stream is truncated$"),
+    (gzip.compress(b"[1]") + b"junk", "gzip", "Invalid gzip body: "),
+    (zlib.compress(b"[1]") + zlib.compress(b"[2]"), "deflate",
+     "Invalid deflate body: data after the end of the compressed stream$"),
+    (gzip.compress(b"") * (httputil.MAX_GZIP_MEMBERS + 1), "gzip",
+     f"Invalid gzip body: more than {httputil.MAX_GZIP_MEMBERS} members$"),
+], ids=["truncated", "trailing-garbage", "deflate-two-streams", "too-many-members"])
+def test_inflate_rejects(data, encoding, message):
+    error = invalid_message(httputil.inflate, data, encoding, 1000)
+    assert error == message[:-1] if message.endswith("$") else error.startswith(message)
+
+
+def test_inflate_limit_is_on_all_members_together():
+    with pytest.raises(RequestEntityTooLarge):
+        httputil.inflate(gzip.compress(b"x" * 60) * 2, "gzip", 100)
+    assert httputil.inflate(gzip.compress(b"x" * 50) * 2, "gzip", 100) == b"x" * 100
 
 
 @pytest.mark.parametrize("status, retry", [(400, None), (404, None), (429, "1"), (500, None), (503, "1")])

@@ -13,7 +13,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import heap
 from serving.core.errors import ServingError
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 from serving.core.repository import Repository, aspired_versions
 from server_harness import copy_model, tiny_model_base
 from exported_models.model_format import exported_versions, latest_version, read_labels

@@ -17,8 +17,9 @@ from collections.abc import Callable, Hashable, Iterable
 import numpy as np
 
 from serving.config import BatchingOptions
+from serving import threads
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, unavailable
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None,
     past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
     if deadline is not None and time.monotonic() >= deadline:
         raise deadline_exceeded("Deadline exceeded before the request ran")
-    outputs = _timed(fn, inputs, metrics, model_name, (api,))
+    outputs = threads.run_off_loop(_timed, fn, inputs, metrics, model_name, (api,))
     if deadline is not None and time.monotonic() > deadline:
         raise deadline_exceeded("Deadline exceeded while the request was running")
     return outputs
@@ -58,7 +59,7 @@ class _Task:
         self.size = size
         self.api = api
         self.enqueued = time.monotonic()
-        self.done = threading.Event()
+        self.done = threads.new_waker()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: ServingError | None = None
         self.queue: _Queue | None = None

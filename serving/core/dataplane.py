@@ -19,7 +19,7 @@ from serving.config import ServerOptions
 from serving.core import images
 from serving.core.batching import Batcher, run_inline
 from serving.core.errors import ServingError, invalid
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
 
@@ -88,6 +88,8 @@ class Core:
     metrics: Metrics
     options: ServerOptions = field(default_factory=ServerOptions)
     shutting_down: bool = False
+    # Set by the worker when several processes serve: hands a reloaded config to the others.
+    publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
 
     # --- inference ---------------------------------------------------------------------------------------------
 
@@ -189,10 +191,13 @@ class Core:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
         self.repository.wait_first_pass()
 
-    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
+        """Serve these models from now on; `publish` passes the config on to the other workers, if any."""
         if config.WhichOneof("config") != "model_config_list":
             raise invalid("Only model_config_list is supported")
         self.repository.reload_config(config)
+        if publish and self.publish_config is not None:
+            self.publish_config(config)
 
     def begin_shutdown(self) -> None:
         """Readiness turns false so load balancers drain this worker; requests in flight still complete."""

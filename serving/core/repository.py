@@ -21,7 +21,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models import model_format
 from serving.core import heap
 from serving.core.errors import ServingError, invalid, not_found, unavailable
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 from serving.core.policy import aspired_versions
 from serving.core.servable import Servable
 from serving.core.source import candidate_versions, files_signature

@@ -12,7 +12,7 @@ from tensorflow.core.protobuf import error_codes_pb2
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core.errors import Code, ServingError, invalid, op_error_message
-from serving.core.metrics import Metrics
+from serving.metrics import Metrics
 
 
 def _status_error(error: tf.errors.OpError) -> ServingError:

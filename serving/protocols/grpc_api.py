@@ -214,13 +214,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     @rpc
     def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,
                                   context: grpc.ServicerContext) -> Any:
-        """Only this worker would see the RPC, so with several workers it is refused rather than let them diverge."""
-        workers = self.core.options.workers
-        if workers > 1:
-            raise ServingError(Code.FAILED_PRECONDITION,
-                               f"HandleReloadConfigRequest reaches only one of the {workers} worker processes, so "
-                               "they would serve different models. Edit the file given to --model_config_file and "
-                               "set --model_config_file_poll_wait_seconds instead: every worker reloads it.")
+        """One worker gets the RPC; the core passes the config on to the others (serving/worker.py)."""
         self.core.reload_config(request.config)
         return model_management_pb2.ReloadConfigResponse()
 

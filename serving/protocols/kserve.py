@@ -97,10 +97,12 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
             is_base64 = parameters.get("content_type", "base64" if base64_default else "") == "base64"
             values = np.array([decode_string(v, name, is_base64) for v in flat], dtype=object)
         else:
+            if None in flat:  # numpy would make JSON null a NaN (or a TypeError for integers); REST refuses it too
+                raise invalid(f"Input {name!r}: data is not {datatype}: null is not a number")
             try:
                 values = np.array(flat, dtype=NUMPY_TYPES[datatype])
-            except (TypeError, ValueError) as exc:
-                raise invalid(f"Input {name!r}: data is not {datatype}: {exc}") from exc
+            except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: INT8 1000, UINT8 -1
+                raise invalid(f"Input {name!r}: data is not {datatype}: {exc}") from None
     else:
         raise invalid(f"Input {name!r} has neither 'data' nor parameters.binary_data_size")
     if values.size != count:

@@ -1,0 +1,67 @@
+"""Where TensorFlow runs, and how a request handler waits for it, under either HTTP worker.
+
+TensorFlow always runs on real OS threads: the batcher's threads, and for unbatched runs the calling thread or, on
+the gevent worker's event loop, a pool of OS threads. The gevent worker (serving/gevent_worker.py) leaves
+`threading` unpatched, so every lock, condition and thread here is native. What differs is only the waiting: a
+request greenlet on the event loop must never block on a native Event (that would freeze every connection of the
+worker), so it waits on a gevent Event that the OS thread sets through the hub's thread-safe callback queue.
+gthread request threads and gRPC's threads wait on a plain threading.Event, as before.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+_loop: dict[str, object] = {}  # "thread": ident of this worker's gevent loop thread, "pool": its OS thread pool
+
+
+class Waker(Protocol):
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None) -> bool: ...
+
+
+def serve_on_gevent_loop(os_threads: int) -> None:
+    """Called once by the gevent worker, on its loop thread, after patching: requests from now on are greenlets."""
+    from gevent.threadpool import ThreadPool
+
+    _loop["thread"] = threading.get_ident()
+    _loop["pool"] = ThreadPool(os_threads)
+
+
+def on_event_loop() -> bool:
+    return _loop.get("thread") == threading.get_ident()
+
+
+class _GreenletWaker:
+    """Set from any OS thread, waited on by one greenlet: the OS thread never touches the gevent Event itself
+    (gevent documents it as single-threaded), it queues `Event.set` on the hub, which wakes the loop."""
+    __slots__ = ("_event", "_loop")
+
+    def __init__(self) -> None:
+        import gevent
+        from gevent.event import Event
+
+        self._event = Event()
+        self._loop = gevent.get_hub().loop
+
+    def set(self) -> None:
+        self._loop.run_callback_threadsafe(self._event.set)
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+
+def new_waker() -> Waker:
+    """What a request waits on for a result computed on another OS thread."""
+    return _GreenletWaker() if on_event_loop() else threading.Event()
+
+
+def run_off_loop(fn: Callable[..., T], *args: object) -> T:
+    """Call `fn` on an OS thread: the caller's own, unless the caller is the event loop, which must keep serving
+    connections meanwhile (then a pool thread runs it and only the calling greenlet waits)."""
+    if on_event_loop():
+        return _loop["pool"].spawn(fn, *args).get()
+    return fn(*args)
