@@ -9,6 +9,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
+from serving.memory import available_memory, default_pixel_budget
 from serving.protos import BatchingParameters, MonitoringConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
@@ -84,6 +85,7 @@ class ServerOptions:
     request_body_timeout: float = 10.0
     max_request_bytes: int = 32 * MB
     max_image_pixels: int = 40_000_000
+    max_inflight_pixels: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
     graceful_timeout: float = 30.0
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     metrics_path: str | None = DEFAULT_METRICS_PATH
@@ -186,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--max_request_bytes", type=int, default=d.max_request_bytes, help="(Petal) larger bodies get 413")
     flag("--max_image_pixels", type=int, default=d.max_image_pixels,
          help="(Petal) larger images get 400 before they are decoded")
+    flag("--max_inflight_pixels", type=int, default=d.max_inflight_pixels,
+         help="(Petal) decoded image pixels a worker holds at once; more waits in the batch queue (503 when full). "
+         "0: half the memory limit over the workers, at most 1 GiB of pixels each; -1: no budget")
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
     return parser
@@ -206,6 +211,12 @@ def parse_args(argv: list[str]) -> ServerOptions:
             read_model_config(args.model_config_file)
     except (OSError, ValueError, text_format.ParseError) as error:
         parser.error(str(error))
+    if options.max_inflight_pixels == 0:
+        options.max_inflight_pixels = default_pixel_budget(available_memory(), options.workers,
+                                                           options.max_image_pixels)
+    elif 0 < options.max_inflight_pixels < options.max_image_pixels:
+        parser.error("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could never "
+                     "run")
     if min(options.workers, options.threads, options.max_connections) < 1:
         parser.error("--workers, --threads and --max_connections must be at least 1")
     if min(options.keepalive_timeout, options.request_header_timeout, options.request_body_timeout) <= 0:

@@ -170,3 +170,33 @@ def run_batching_server(root, batching_config: str, *petal_serve_args: str) -> I
     with run_server(f"--model_base_path={os.path.join(root, 'flowers')}", f"--batching_parameters_file={batching}",
                     "--port=0", *petal_serve_args) as server:
         yield server
+
+
+# --- memory -----------------------------------------------------------------------------------------------
+
+def flat_jpeg(side: int) -> bytes:
+    """A flat-colour JPEG: about 0.56 MB on the wire at 6000 x 6000, and 3 bytes a pixel once decoded."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 120, 40)).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def status_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak(pid: int) -> None:
+    """Start VmHWM again from the current size, so the peak is the flood's and not the model load's."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def worker_pid(master: int) -> int:
+    """The first gunicorn worker of a `petal serve` master."""
+    return int(subprocess.check_output(["pgrep", "-P", str(master)]).split()[0])

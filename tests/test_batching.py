@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 
 from serving.config import BatchingOptions
-from serving.core.batching import Batcher
+from serving.core.batching import Batcher, PixelBudget
 from serving.core.errors import ServingError
 from serving.metrics import Metrics
 from serving.protos import BatchingParameters
@@ -201,3 +201,44 @@ def test_runtime_latency_is_labelled_with_the_apis_of_the_requests_in_the_batch(
     assert metrics.runtime_latency.count(model_name="m", API="predict", runtime="TF") == 1
     assert metrics.runtime_latency.count(model_name="m", API="classify", runtime="TF") == 1
     assert metrics.processed_batch_size.count(model_name="m") == 1  # one batch served both APIs
+
+
+def test_pixel_budget_bounds_what_batches_decode_at_once():
+    """Rows are chunked and batched so that the pixels in TF calls at any moment never exceed the budget."""
+    held, peak, lock = [0], [0], threading.Lock()
+
+    def fn(inputs):
+        pixels = int(inputs["x"][:, 0].sum())
+        with lock:
+            held[0] += pixels
+            peak[0] = max(peak[0], held[0])
+        time.sleep(0.05)
+        with lock:
+            held[0] -= pixels
+        return {"y": inputs["x"] * 2}
+    batcher = Batcher(BatchingOptions(max_batch_size=64, num_batch_threads=2), Metrics(), pixel_budget=PixelBudget(10))
+    results = []
+
+    def one(rows: int) -> None:
+        x = np.full((rows, 1), 4.0, np.float32)  # each row "decodes" 4 pixels
+        results.append(batcher.run(("m", 1, "s"), "m", fn, {"x": x}, rows, row_pixels=np.full(rows, 4))["y"])
+    threads = [threading.Thread(target=one, args=(rows,)) for rows in (5, 3, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(len(r) for r in results) == [1, 3, 5] and all((r == 8.0).all() for r in results)
+    assert 0 < peak[0] <= 10
+
+
+def test_pixel_budget_waits_and_lets_an_oversized_call_run_alone():
+    budget = PixelBudget(10)
+    assert budget.acquire(8)
+    assert not budget.acquire(5, deadline=time.monotonic() + 0.1)  # would exceed: waits, then gives up
+    released = threading.Timer(0.1, budget.release, args=(8,))
+    released.start()
+    assert budget.acquire(5, deadline=time.monotonic() + 5)  # fits once the first call is done
+    budget.release(5)
+    assert budget.acquire(50)  # larger than the budget: runs alone rather than never
+    budget.release(50)
+    assert PixelBudget(-1).acquire(10 ** 12)

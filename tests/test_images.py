@@ -69,6 +69,8 @@ def test_other_formats_are_read_by_pillow():
 
 def test_check_pixels_passes_images_under_the_limit_and_non_images():
     values = np.array([encode("RGB", (100, 100)), b"not an image", b"short"], dtype=object)
-    check_pixels(values, 100 * 100)
+    assert check_pixels(values, 100 * 100).tolist() == [10000, 0, 0]  # what the pixel budget counts
+    grid = np.array([[encode("RGB", (10, 20)), encode("RGB", (3, 3))]], dtype=object)
+    assert check_pixels(grid, 100 * 100).tolist() == [[200, 9]]
     with pytest.raises(ServingError, match="10001 pixels"):
         check_pixels(np.array([encode("RGB", (10001, 1))], dtype=object), 100 * 100)

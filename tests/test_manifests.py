@@ -24,6 +24,7 @@ import yaml
 from serving.config import ServerOptions, parse_args
 from serving.worker import intra_op_threads
 from serving.cpus import available_cores
+from serving.memory import BYTES_PER_PIXEL, available_memory, default_pixel_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -238,6 +239,21 @@ def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
     assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"]
     assert objects["PodDisruptionBudget"]["spec"]["maxUnavailable"] < hpa["minReplicas"]
     assert "replicas" not in objects["Deployment"]["spec"], "the autoscaler owns the replica count"
+
+
+# A worker's resident memory when idle with the default model (measured with benchmarks/memory.py: 640-655 MB).
+IDLE_WORKER_BYTES = 700 * 2**20
+
+
+def test_memory_limit_holds_idle_workers_plus_the_default_pixel_budget(tmp_path):
+    """The pixel budget is sized from the pod's limit, so a pixel flood cannot get the pod OOM-killed."""
+    container = pod_container(kubernetes_objects())
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    (tmp_path / "memory.max").write_text(f"{limit}\n")  # the pod's cgroup
+    options = server_options(read_dockerfile(), container["args"], container_env(container))
+    budget = default_pixel_budget(available_memory(str(tmp_path)), options.workers, options.max_image_pixels)
+    assert not any(arg.startswith("--max_inflight_pixels") for arg in container["args"]), "derived, not pinned"
+    assert options.workers * (IDLE_WORKER_BYTES + budget * BYTES_PER_PIXEL) <= limit
 
 
 def test_selectors_targets_and_user_line_up():

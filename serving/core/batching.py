@@ -26,38 +26,76 @@ logger = logging.getLogger(__name__)
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
+class PixelBudget:
+    """The decoded image pixels a worker holds at once (--max_inflight_pixels; 0 or less: no budget).
+
+    Decoding is where a pixel flood turns a few MB on the wire into GBs, so every TF call first takes the pixels
+    of the images it will decode, waiting while other calls hold too many, and gives them back when it ends. A call
+    larger than the whole budget runs alone rather than never.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._held = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, pixels: int, deadline: float | None = None) -> bool:
+        """Take `pixels`, waiting until they fit; False if the deadline passes first."""
+        if self.limit <= 0 or pixels <= 0:
+            return True
+        with self._cond:
+            fits = lambda: self._held == 0 or self._held + pixels <= self.limit  # noqa: E731
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._cond.wait_for(fits, timeout):
+                return False
+            self._held += pixels
+            return True
+
+    def release(self, pixels: int) -> None:
+        if self.limit <= 0 or pixels <= 0:
+            return
+        with self._cond:
+            self._held -= pixels
+            self._cond.notify_all()
+
+
 def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str) -> dict[str, np.ndarray]:
+               model_name: str, api: str, budget: PixelBudget, pixels: int) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
     past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
     if deadline is not None and time.monotonic() >= deadline:
         raise deadline_exceeded("Deadline exceeded before the request ran")
-    outputs = threads.run_off_loop(_timed, fn, inputs, metrics, model_name, (api,))
+    outputs = threads.run_off_loop(_run, fn, inputs, metrics, model_name, (api,), budget, pixels, deadline)
     if deadline is not None and time.monotonic() > deadline:
         raise deadline_exceeded("Deadline exceeded while the request was running")
     return outputs
 
 
-def _timed(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str,
-           apis: Iterable[str]) -> dict[str, np.ndarray]:
-    """One TF call, its runtime recorded once for each API among the requests it serves: predict and classify
-    share a batch queue, so the label comes from the requests in the batch, not from the queue."""
+def _run(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str, apis: Iterable[str],
+         budget: PixelBudget, pixels: int, deadline: float | None = None) -> dict[str, np.ndarray]:
+    """One TF call within the pixel budget, its runtime recorded once for each API among the requests it serves:
+    predict and classify share a batch queue, so the label comes from the requests in the batch, not the queue."""
+    if not budget.acquire(pixels, deadline):
+        raise deadline_exceeded("Deadline exceeded while waiting for the decoded-pixel budget "
+                                "(--max_inflight_pixels)")
     started = time.monotonic()
     try:
         return fn(inputs)
     finally:
+        budget.release(pixels)
         elapsed_us = (time.monotonic() - started) * 1e6
         for api in sorted(set(apis)):
             metrics.runtime_latency.observe(elapsed_us, model_name=model_name, API=api, runtime="TF")
 
 
 class _Task:
-    __slots__ = ("inputs", "size", "api", "enqueued", "done", "outputs", "error", "queue")
+    __slots__ = ("inputs", "size", "api", "pixels", "enqueued", "done", "outputs", "error", "queue")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str):
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str, pixels: int):
         self.inputs = inputs
         self.size = size
         self.api = api
+        self.pixels = pixels
         self.enqueued = time.monotonic()
         self.done = threads.new_waker()
         self.outputs: dict[str, np.ndarray] | None = None
@@ -90,9 +128,11 @@ def _pad_to_shape(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 class Batcher:
     """One per worker process; `run` blocks the calling request thread until its rows come back."""
 
-    def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True):
+    def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True,
+                 pixel_budget: PixelBudget | None = None):
         self.options = options
         self.enabled = enabled
+        self.budget = pixel_budget or PixelBudget(0)
         self._metrics = metrics
         self._cond = threading.Condition()
         self._queues: dict[Hashable, _Queue] = {}
@@ -105,15 +145,22 @@ class Batcher:
                 self._threads.append(thread)
 
     def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
-            deadline: float | None = None, api: str = "predict") -> dict[str, np.ndarray]:
-        """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`."""
+            deadline: float | None = None, api: str = "predict",
+            row_pixels: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`.
+
+        `row_pixels` are the decoded pixels of each row: a request is split into chunks that each fit both
+        `max_batch_size` and the pixel budget, so one huge request cannot hold more than the budget either.
+        """
+        row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
         if not self.enabled:
-            return run_inline(fn, inputs, deadline, self._metrics, model_name, api)
+            return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
+                              int(row_pixels.sum()))
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
-        step = self.options.max_batch_size
-        chunks = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, size - i), api)
-                  for i in range(0, size, step)] if size > step else [_Task(inputs, size, api)]
+        bounds = self._chunk_bounds(row_pixels)
+        chunks = [_Task(inputs if (start, stop) == (0, size) else {k: v[start:stop] for k, v in inputs.items()},
+                        stop - start, api, int(row_pixels[start:stop].sum())) for start, stop in bounds]
         self._enqueue(key, model_name, fn, chunks)
         try:
             for task in chunks:
@@ -125,6 +172,19 @@ class Batcher:
         if len(chunks) == 1:
             return chunks[0].outputs
         return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
+
+    def _chunk_bounds(self, row_pixels: np.ndarray) -> list[tuple[int, int]]:
+        """Consecutive row ranges of at most max_batch_size rows and at most the pixel budget (or one row)."""
+        bounds, start, held = [], 0, 0
+        budget = self.budget.limit if self.budget.limit > 0 else None
+        for row, pixels in enumerate(row_pixels.tolist()):
+            full = row - start == self.options.max_batch_size or (budget is not None and held + pixels > budget)
+            if row > start and full:
+                bounds.append((start, row))
+                start, held = row, 0
+            held += pixels
+        bounds.append((start, len(row_pixels)))
+        return bounds
 
     def close(self) -> None:
         with self._cond:
@@ -208,9 +268,13 @@ class Batcher:
         return best, wait
 
     def _take(self, queue: _Queue) -> list[_Task]:
-        tasks, rows, now = [], 0, time.monotonic()
-        while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size:
+        """The head tasks that fit one batch: max_batch_size rows, and the pixel budget after the first task."""
+        tasks, rows, pixels, now = [], 0, 0, time.monotonic()
+        budget = self.budget.limit if self.budget.limit > 0 else None
+        while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size and (
+                not tasks or budget is None or pixels + queue.tasks[0].pixels <= budget):
             task = queue.tasks.popleft()
+            pixels += task.pixels
             queue.rows -= task.size
             self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
             self._metrics.queuing_latency.observe((now - task.enqueued) * 1e6, model_name=queue.model_name)
@@ -254,7 +318,8 @@ class Batcher:
         self._metrics.processed_batch_size.observe(padded, model_name=queue.model_name)
         self._metrics.padding_size.observe(padded - rows, model_name=queue.model_name,
                                            execution_batch_size=str(padded))
-        outputs = _timed(queue.run, inputs, self._metrics, queue.model_name, (t.api for t in tasks))
+        outputs = _run(queue.run, inputs, self._metrics, queue.model_name, [t.api for t in tasks], self.budget,
+                       sum(t.pixels for t in tasks))
         for name, value in outputs.items():
             if value.ndim == 0 or value.shape[0] != padded:
                 raise ServingError(Code.INTERNAL, f"Output {name} has shape {list(value.shape)}, which is not "

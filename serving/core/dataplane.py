@@ -17,7 +17,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import ServerOptions
 from serving.core import images
-from serving.core.batching import Batcher, run_inline
+from serving.core.batching import Batcher, PixelBudget, run_inline
 from serving.core.errors import ServingError, invalid
 from serving.metrics import Metrics
 from serving.core.repository import Repository, VersionStatus
@@ -133,7 +133,7 @@ class Core:
     def _predict_on(self, servable: Servable, inputs: Inputs, signature_name: str,
                     output_filter: list[str] | None, deadline: float | None, api: str) -> PredictResult:
         key, info = servable.signature(signature_name)
-        arrays, batched = self._validate(info, inputs(info) if callable(inputs) else inputs)
+        arrays, batched, pixels = self._validate(info, inputs(info) if callable(inputs) else inputs)
         if output_filter:
             unknown = sorted(set(output_filter) - set(info.outputs))
             if unknown:
@@ -142,27 +142,32 @@ class Core:
         if batched:
             size = next(iter(arrays.values())).shape[0]
             outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                       deadline, api)
+                                       deadline, api, pixels)
         else:
-            outputs = run_inline(run, arrays, deadline, self.metrics, servable.model, api)
+            outputs = run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
+                                 int(pixels[0]))
         if output_filter:
             outputs = {k: outputs[k] for k in output_filter}
         return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
 
-    def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool]:
+    def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
+        """The inputs as arrays, whether they are batched, and the decoded pixels of each row (of the whole
+        request when not batched), which the worker's pixel budget counts."""
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
         if missing or extra:
             raise invalid(f"Input names must be {sorted(info.inputs)}; missing {missing}, unexpected {extra}")
         arrays = {name: coerce(name, inputs[name], info.inputs[name]) for name in info.inputs}
-        for name, array in arrays.items():
-            if info.inputs[name].dtype == "DT_STRING":
-                images.check_pixels(array, self.options.max_image_pixels)
+        pixels = [images.check_pixels(array, self.options.max_image_pixels)
+                  for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
         batched = all(t.shape and t.shape[0] == -1 for t in info.inputs.values()) and bool(arrays)
         if batched and len({a.shape[0] for a in arrays.values()}) > 1:
             raise invalid("All inputs must have the same size in the first (batch) dimension, got "
                           + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
-        return arrays, batched
+        if not batched:
+            return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
+        rows = next(iter(arrays.values())).shape[0]
+        return arrays, True, sum((p.reshape(rows, -1).sum(axis=1) for p in pixels), np.zeros(rows, np.int64))
 
     # --- model management --------------------------------------------------------------------------------------
 
@@ -211,7 +216,8 @@ class Core:
     def create(cls, options: ServerOptions) -> "Core":
         """A core for these options, its models loading in the background (readiness reports progress)."""
         metrics = Metrics()
-        batcher = Batcher(options.batching, metrics, enabled=options.enable_batching)
+        batcher = Batcher(options.batching, metrics, enabled=options.enable_batching,
+                          pixel_budget=PixelBudget(options.max_inflight_pixels))
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
                                 drain_seconds=options.graceful_timeout)

@@ -59,14 +59,19 @@ def header_pixels(data: bytes) -> int | None:
     return width * height
 
 
-def check_pixels(values: np.ndarray, limit: int) -> None:
-    """Refuse any element of a string tensor that is an image larger than `limit` pixels."""
-    for data in values.reshape(-1):
+def check_pixels(values: np.ndarray, limit: int) -> np.ndarray:
+    """The pixels of each element of a string tensor (0 for what is no image), refusing any image larger than
+    `limit`: what decoding it will hold in memory, for the worker's pixel budget."""
+    pixels = np.zeros(values.shape, dtype=np.int64)
+    flat = pixels.reshape(-1)
+    for i, data in enumerate(values.reshape(-1)):
         if isinstance(data, bytes) and len(data) > 8:
-            pixels = header_pixels(data)
-            if pixels is not None and pixels > limit:
-                raise invalid(f"Image too large: {pixels} pixels exceeds the limit of {limit} "
+            count = header_pixels(data)
+            if count is not None and count > limit:
+                raise invalid(f"Image too large: {count} pixels exceeds the limit of {limit} "
                               "(--max_image_pixels)")
+            flat[i] = count or 0
+    return pixels
 
 
 def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tuple[str, float]]]:
