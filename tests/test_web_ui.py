@@ -59,10 +59,17 @@ def browser():
         browser.close()
 
 
+STUB_PORT = free_port()
+ELSEWHERE = f"http://127.0.0.1:{STUB_PORT}"  # the stub's origin, which the server allows
+REFUSED = f"http://localhost:{STUB_PORT}"  # the same stub under another name: another origin, not allowed
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    """`petal serve` on the default model, with a body limit small enough that a test can exceed it."""
-    with run_server("--port=0", f"--max_request_bytes={MAX_REQUEST_BYTES}") as server:
+    """`petal serve` on the default model, with a body limit small enough that a test can exceed it, allowing
+    pages from the stub's origin to call it."""
+    with run_server("--port=0", f"--max_request_bytes={MAX_REQUEST_BYTES}",
+                    f"--cors_allowed_origins={ELSEWHERE}") as server:
         yield server
 
 
@@ -235,6 +242,7 @@ def stub_app(seen: list[str]) -> flask.Flask:
         return None
 
     answers = {
+        ("GET", "/elsewhere"): lambda: "<!doctype html><title>another site</title>",
         ("GET", "/openapi.json"): lambda: flask.jsonify(STUB_SPEC),
         ("GET", "/petal/models"): lambda: {"models": [{"name": "stub", "version_labels": {"stable": 7}}]},
         ("GET", "/v1/models/stub/metadata"): lambda: {
@@ -252,11 +260,11 @@ def stub_app(seen: list[str]) -> flask.Flask:
 @pytest.fixture(scope="module")
 def stub() -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
-    http = make_server("127.0.0.1", free_port(), stub_app(seen), threaded=True)
+    http = make_server("127.0.0.1", STUB_PORT, stub_app(seen), threaded=True)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{http.server_port}", seen
+        yield ELSEWHERE, seen
     finally:
         http.shutdown()
         thread.join()
@@ -299,3 +307,27 @@ def test_docs_render_a_spec_offline(browser, stub):
         assert not page.petal_errors
     finally:
         page.context.close()
+
+
+CROSS_ORIGIN_CLASSIFY = """async ([url, bytes]) => {
+  try {  // the Authorization header makes the browser send a preflight first
+    const response = await fetch(url, {method: "POST", body: new Uint8Array(bytes),
+                                       headers: {"Content-Type": "image/jpeg", "Authorization": "Bearer x"}});
+    return (await response.json()).predictions.length;
+  } catch (error) {
+    return String(error);
+  }
+}"""
+
+
+@pytest.mark.parametrize("origin, answer", [(ELSEWHERE, 5), (REFUSED, "TypeError: Failed to fetch")],
+                         ids=["allowed", "refused"])
+def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, server, stub, origin, answer):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(origin + "/elsewhere")
+        url = f"{server.rest_url}/v1/models/flowers:classify_image?top_k=5"
+        assert page.evaluate(CROSS_ORIGIN_CLASSIFY, [url, list(ROSE)]) == answer
+    finally:
+        context.close()

@@ -40,10 +40,17 @@ class NormalizeV1Paths:
 def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
     """CORS on the APIs for these origins; without any, no CORS header is ever sent, so only same-origin pages
     (the web UI) can read the answers. Preflights are answered before any route runs."""
-    if origins:
-        CORS(app, resources={path: {} for path in CORS_PATHS}, origins=list(origins),
-             methods=["GET", "POST"], allow_headers=CORS_REQUEST_HEADERS, expose_headers=CORS_RESPONSE_HEADERS,
-             max_age=CORS_PREFLIGHT_CACHE_S)
+    if not origins:
+        return
+    CORS(app, resources={path: {} for path in CORS_PATHS}, origins=list(origins), methods=["GET", "POST"],
+         allow_headers=CORS_REQUEST_HEADERS, expose_headers=CORS_RESPONSE_HEADERS, max_age=CORS_PREFLIGHT_CACHE_S)
+
+    @app.after_request
+    def vary_on_origin(response: flask.Response) -> flask.Response:
+        """Answers differ by Origin, so a shared cache must not give one origin's to another; flask-cors leaves
+        `Vary: Origin` out when a single origin is allowed."""
+        response.vary.add("Origin")
+        return response
 
 
 def create_app(core: Core) -> flask.Flask:
