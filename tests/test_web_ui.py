@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import flask
 import pytest
-from server_harness import ROOT, Server, free_port, run_server
+from server_harness import ROOT, Server, run_server
 from werkzeug.serving import make_server
 
 from serving.protocols import web
@@ -59,17 +59,12 @@ def browser():
         browser.close()
 
 
-STUB_PORT = free_port()
-ELSEWHERE = f"http://127.0.0.1:{STUB_PORT}"  # the stub's origin, which the server allows
-REFUSED = f"http://localhost:{STUB_PORT}"  # the same stub under another name: another origin, not allowed
-
-
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def server(stub) -> Iterator[Server]:
     """`petal serve` on the default model, with a body limit small enough that a test can exceed it, allowing
     pages from the stub's origin to call it."""
     with run_server("--port=0", f"--max_request_bytes={MAX_REQUEST_BYTES}",
-                    f"--cors_allowed_origins={ELSEWHERE}") as server:
+                    f"--cors_allowed_origins={stub[0]}") as server:
         yield server
 
 
@@ -241,13 +236,16 @@ def stub_app(seen: list[str]) -> flask.Flask:
             return flask.jsonify(error="Missing or invalid bearer token"), 401, {"WWW-Authenticate": "Bearer"}
         return None
 
+    def stub_metadata() -> dict:
+        return {"model_spec": {"name": "stub", "signature_name": "", "version": "7"},
+                "metadata": {"signature_def": {"signature_def": IMAGE_SIGNATURE}}}
+
     answers = {
         ("GET", "/elsewhere"): lambda: "<!doctype html><title>another site</title>",
         ("GET", "/openapi.json"): lambda: flask.jsonify(STUB_SPEC),
         ("GET", "/petal/models"): lambda: {"models": [{"name": "stub", "version_labels": {"stable": 7}}]},
-        ("GET", "/v1/models/stub/metadata"): lambda: {
-            "model_spec": {"name": "stub", "signature_name": "", "version": "7"},
-            "metadata": {"signature_def": {"signature_def": IMAGE_SIGNATURE}}},
+        ("GET", "/v1/models/stub/metadata"): stub_metadata,
+        ("GET", "/v1/models/stub/versions/7/metadata"): stub_metadata,
         ("GET", "/v1/models/stub"): lambda: {"model_version_status": [
             {"version": "7", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]},
         ("POST", "/v1/models/stub:classify_image"): lambda: (flask.jsonify(error=BUSY), 503, {"Retry-After": "1"}),
@@ -260,11 +258,11 @@ def stub_app(seen: list[str]) -> flask.Flask:
 @pytest.fixture(scope="module")
 def stub() -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
-    http = make_server("127.0.0.1", STUB_PORT, stub_app(seen), threaded=True)
+    http = make_server("127.0.0.1", 0, stub_app(seen), threaded=True)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
     try:
-        yield ELSEWHERE, seen
+        yield f"http://127.0.0.1:{http.server_port}", seen
     finally:
         http.shutdown()
         thread.join()
@@ -292,6 +290,12 @@ def test_a_401_asks_for_a_token_kept_only_in_session_storage_and_sent_on_every_c
         assert len(seen) >= 4 and set(seen) == {f"Bearer {TOKEN}"}
         assert page.evaluate("sessionStorage.getItem('petal.token')") == TOKEN
         assert page.evaluate("localStorage.length") == 0 and not page.context.cookies()
+
+        page.get_by_role("link", name="Models").click()  # the token stays for the tab's other pages
+        section = page.get_by_role("region", name="stub")
+        section.get_by_role("cell", name="AVAILABLE").wait_for()
+        assert "Version labels: stable → version 7" in section.inner_text()
+        assert page.locator("#token-form").is_hidden()
         assert not page.petal_errors
     finally:
         page.context.close()
@@ -320,13 +324,14 @@ CROSS_ORIGIN_CLASSIFY = """async ([url, bytes]) => {
 }"""
 
 
-@pytest.mark.parametrize("origin, answer", [(ELSEWHERE, 5), (REFUSED, "TypeError: Failed to fetch")],
+@pytest.mark.parametrize("host, answer", [("127.0.0.1", 5), ("localhost", "TypeError: Failed to fetch")],
                          ids=["allowed", "refused"])
-def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, server, stub, origin, answer):
+def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, server, stub, host, answer):
+    """The server allows the stub's origin; the same stub named `localhost` is another origin, not allowed."""
     context = browser.new_context()
     try:
         page = context.new_page()
-        page.goto(origin + "/elsewhere")
+        page.goto(stub[0].replace("127.0.0.1", host) + "/elsewhere")
         url = f"{server.rest_url}/v1/models/flowers:classify_image?top_k=5"
         assert page.evaluate(CROSS_ORIGIN_CLASSIFY, [url, list(ROSE)]) == answer
     finally:

@@ -139,6 +139,7 @@ function wire() {
     event.preventDefault(); // Enter in the top-k field classifies again instead of reloading the page
     guarded(classify);
   });
+  $("copy").hidden = !navigator.clipboard; // browsers offer it to https and localhost pages only
   $("copy").addEventListener("click", async () => {
     await navigator.clipboard.writeText($("curl").textContent);
     $("copy").textContent = "Copied";

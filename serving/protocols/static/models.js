@@ -58,11 +58,17 @@ async function modelSection({ name, version_labels: labels }) {
 }
 
 async function load() {
-  const { body } = await call("/petal/models");
-  const sections = await Promise.all(body.models.map(modelSection));
   const list = document.getElementById("models");
-  list.replaceChildren(...(sections.length ? sections : [el("p", {}, "No models are configured.")]));
-  list.removeAttribute("aria-busy");
+  try {
+    const { body } = await call("/petal/models");
+    const sections = await Promise.all(body.models.map(modelSection));
+    list.replaceChildren(...(sections.length ? sections : [el("p", {}, "No models are configured.")]));
+  } catch (error) {
+    list.replaceChildren(); // the error line says why there is nothing to show
+    throw error;
+  } finally {
+    list.removeAttribute("aria-busy");
+  }
 }
 
 guarded(load);
