@@ -39,7 +39,8 @@ class NormalizeV1Paths:
 
 def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
     """CORS on the APIs for these origins; without any, no CORS header is ever sent, so only same-origin pages
-    (the web UI) can read the answers. Preflights are answered before any route runs."""
+    (the web UI) can read the answers. A preflight is Flask's automatic OPTIONS answer, which never reaches a view,
+    with flask-cors's headers added; it carries no token, so a before_request check must let OPTIONS pass."""
     if not origins:
         return
     CORS(app, resources={path: {} for path in CORS_PATHS}, origins=list(origins), methods=["GET", "POST"],
