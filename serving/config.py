@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
@@ -89,6 +90,8 @@ class ServerOptions:
     graceful_timeout: float = 30.0
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     metrics_path: str | None = DEFAULT_METRICS_PATH
+    cors_allowed_origins: tuple[str, ...] = ()  # none: browsers allow same-origin calls only
+    disable_web_ui: bool = False
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
 
     def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
@@ -143,6 +146,16 @@ def read_metrics_path(path: str) -> str | None:
     return config.prometheus_config.path or DEFAULT_METRICS_PATH
 
 
+def parse_origins(text: str) -> tuple[str, ...]:
+    """`--cors_allowed_origins=https://a.example,https://b.example` (or `*`): origins exactly as browsers send
+    them, scheme and host and any port, without a path, so a typo fails at startup instead of silently refusing."""
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise argparse.ArgumentTypeError(f"not an origin (scheme://host[:port]): {origin!r}")
+    return origins
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="petal serve", description="Serve SavedModels over TF Serving's REST and gRPC APIs and KServe V2. "
@@ -193,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
          "0: half the memory limit over the workers, at most 1 GiB of pixels each; -1: no budget")
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
+    flag("--cors_allowed_origins", type=parse_origins, default=d.cors_allowed_origins, metavar="ORIGINS",
+         help="(Petal) comma-separated origins whose pages may call the REST and V2 APIs (CORS), or *; "
+         "default: none, same-origin only")
+    flag("--disable_web_ui", default=d.disable_web_ui, help="(Petal) no web pages at /, /models and /docs; "
+         "the APIs stay", **boolean)
     return parser
 
 

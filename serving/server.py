@@ -132,8 +132,12 @@ def main(argv: list[str]) -> int:
                        extra={"fields": {"model_base_path": options.model_base_path}})
     models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
     grpc = f", gRPC on {bind_address(options.host, options.port)}" if options.port else ""
-    print(f"petal serve: {models}; REST on http://{bind_address(options.host, options.rest_api_port)}{grpc}; "
-          f"ready when /readyz answers 200", file=sys.stderr, flush=True)
+    rest = f"http://{bind_address(options.host, options.rest_api_port)}"
+    # a wildcard address is not one a browser can open; this machine's own name is
+    page = rest.replace("0.0.0.0", "localhost").replace("[::]", "localhost")
+    web_ui = "" if options.disable_web_ui else f"; web UI: open {page}/"
+    print(f"petal serve: {models}; REST on {rest}{grpc}; ready when /readyz answers 200{web_ui}",
+          file=sys.stderr, flush=True)
     shared = ""
     if options.workers > 1:
         # What the workers share: a reload RPC's config for all of them, and prometheus_client's per-process

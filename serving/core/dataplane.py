@@ -188,6 +188,10 @@ class Core:
     def model_names(self) -> list[str]:
         return self.repository.model_names()
 
+    def version_labels(self) -> dict[str, dict[str, int]]:
+        """Every configured model with its labels and their versions: no TF Serving API lists either."""
+        return self.repository.version_labels()
+
     def available_versions(self, model: str) -> list[int]:
         """The versions of a model that serve requests now, newest first."""
         return [s.version for s in self.repository.status(model) if s.state == "AVAILABLE"]

@@ -247,6 +247,12 @@ class Repository:
             raise invalid(f"Unrecognized servable version label: {label}")
         return int(labels[label])
 
+    def version_labels(self) -> dict[str, dict[str, int]]:
+        """Each configured model's labels ("stable", "canary") and the versions they name, read in one go."""
+        with self._lock:
+            return {name: {label: int(v) for label, v in sorted(m.config.version_labels.items())}
+                    for name, m in sorted(self._models.items()) if m.config is not None}
+
     def status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
         version = self.resolve_version(name, version, label)
         with self._lock:

@@ -1,4 +1,5 @@
-"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes and metrics, over one Core.
+"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics and the web UI, over
+one Core.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
@@ -8,13 +9,21 @@ from __future__ import annotations
 import logging
 
 import flask
+from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Core, ServingError
-from serving.protocols import kserve, rest
+from serving.protocols import kserve, rest, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
+
+# What a browser page on another origin may send and read: a bearer token and JSON or image bodies (V2's binary
+# extension and gzip included) in, the error body's retry and authentication hints out.
+CORS_PATHS = (r"/v1/.*", r"/v2/.*", r"/petal/.*")
+CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Content-Encoding", kserve.HEADER_LENGTH]
+CORS_RESPONSE_HEADERS = ["WWW-Authenticate", "Retry-After", kserve.HEADER_LENGTH]
+CORS_PREFLIGHT_CACHE_S = 600
 
 
 class NormalizeV1Paths:
@@ -26,6 +35,23 @@ class NormalizeV1Paths:
     def __call__(self, environ, start_response):
         environ["PATH_INFO"] = rest.normalize_v1_path(environ.get("PATH_INFO", ""))
         return self.app(environ, start_response)
+
+
+def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
+    """CORS on the APIs for these origins; without any, no CORS header is ever sent, so only same-origin pages
+    (the web UI) can read the answers. A preflight is Flask's automatic OPTIONS answer, which never reaches a view,
+    with flask-cors's headers added; it carries no token, so a before_request check must let OPTIONS pass."""
+    if not origins:
+        return
+    CORS(app, resources={path: {} for path in CORS_PATHS}, origins=list(origins), methods=["GET", "POST"],
+         allow_headers=CORS_REQUEST_HEADERS, expose_headers=CORS_RESPONSE_HEADERS, max_age=CORS_PREFLIGHT_CACHE_S)
+
+    @app.after_request
+    def vary_on_origin(response: flask.Response) -> flask.Response:
+        """Answers differ by Origin, so a shared cache must not give one origin's to another; flask-cors leaves
+        `Vary: Origin` out when a single origin is allowed."""
+        response.vary.add("Origin")
+        return response
 
 
 def create_app(core: Core) -> flask.Flask:
@@ -63,6 +89,13 @@ def create_app(core: Core) -> flask.Flask:
         reason = "shutting down" if core.shutting_down else f"models without an AVAILABLE version: {waiting}"
         return error_response(503, f"Not ready: {reason}")
 
+    @app.get("/petal/models")
+    def models() -> flask.Response:
+        """The configured models and their version labels: TF Serving has no call that lists either, and the web
+        UI's pickers need both."""
+        return json_response({"models": [{"name": name, "version_labels": labels}
+                                         for name, labels in core.version_labels().items()]})
+
     if core.options.metrics_path:
         @app.get(core.options.metrics_path)
         def metrics() -> flask.Response:
@@ -70,4 +103,8 @@ def create_app(core: Core) -> flask.Flask:
 
     app.register_blueprint(rest.create_blueprint(core))
     app.register_blueprint(kserve.create_blueprint(core))
+    if not core.options.disable_web_ui:
+        app.register_blueprint(web.create_blueprint())
+        app.register_blueprint(web.create_docs_blueprint())
+    allow_origins(app, core.options.cors_allowed_origins)
     return app
