@@ -137,9 +137,9 @@ class Client:
         else:
             self.session = requests.Session()
             self.session.headers.update(security.header())
-            self.session.verify = security.ca_file or True
-            if security.cert_file:
-                self.session.cert = (security.cert_file, security.key_file) if security.key_file else security.cert_file
+            # per request, not on the session: requests lets $REQUESTS_CA_BUNDLE override a session's `verify`
+            self.tls_arguments = {"verify": security.ca_file or True, "cert": (
+                (security.cert_file, security.key_file) if security.key_file else security.cert_file)}
             base = server if "://" in server else f"{'https' if security.uses_tls else 'http'}://{server}"
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
             self.infer_url = f"{base}{path}/infer"
@@ -210,7 +210,7 @@ class Client:
             response = self.session.post(
                 self.infer_url, data=header + raw, timeout=max(deadline - time.monotonic(), 0.001),
                 headers={"Inference-Header-Content-Length": str(len(header)),
-                         "Content-Type": "application/octet-stream"})
+                         "Content-Type": "application/octet-stream"}, **self.tls_arguments)
         except requests.Timeout as exc:
             raise ServerError("DEADLINE_EXCEEDED", f"no answer from {self.infer_url} in time: {exc}") from None
         except requests.exceptions.SSLError as exc:  # a certificate problem does not go away on a retry
