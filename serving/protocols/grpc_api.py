@@ -324,9 +324,7 @@ def start(core: Core) -> grpc.Server:
     o: ServerOptions = core.options
     options = [("grpc.so_reuseport", 1),
                ("grpc.max_receive_message_length", o.grpc_max_message_bytes),
-               ("grpc.max_send_message_length", o.grpc_max_message_bytes),
-               # a connection that stalls its TLS or HTTP/2 handshake is cut off like one that trickles headers
-               ("grpc.server_handshake_timeout_ms", int(1000 * o.request_header_timeout))]
+               ("grpc.max_send_message_length", o.grpc_max_message_bytes)]
     options += parse_channel_arguments(o.grpc_channel_arguments)
     if o.access_log:
         access_log.enable()
