@@ -343,3 +343,31 @@ def test_bad_ssl_configs_fail_at_startup(tmp_path, pki, capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args([f"--ssl_config_file={write(tmp_path / 'ssl', pki.ssl_config())}", "--worker_class=gthread"])
+
+
+def test_loadtest_reaches_a_tls_and_token_server_over_rest_and_grpc(server, pki, tmp_path):
+    import subprocess
+    import sys
+
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "a.jpg").write_bytes(jpeg())
+    result = subprocess.run(
+        [sys.executable, "-m", "petal", "loadtest", "--host", server.rest_url, "--grpc-host", server.grpc_target,
+         "--ca_file", str(pki.ca_cert), "--images", str(images), "--weights", "rest_predict=1,grpc_predict=1",
+         "--users", "2", "--run-time", "3s", "--report_dir", str(tmp_path / "report")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PETAL_TOKEN": PREDICT_TOKEN})
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    for name in ("rest_predict", "grpc_predict"):
+        stats = summary["endpoints"][name]
+        assert stats["requests"] > 0 and stats["failures"] == 0, (name, result.stderr[-2000:])
+
+
+def test_the_image_healthcheck_passes_on_a_tls_server(server):
+    import subprocess
+    import sys
+
+    from test_manifests import read_dockerfile
+
+    program = read_dockerfile().healthcheck[-1].replace(":8501/", f":{rest_address(server)[1]}/")
+    assert subprocess.run([sys.executable, "-c", program], timeout=30).returncode == 0
