@@ -50,7 +50,7 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
 
 def _certificate(subject: str, key, issuer: x509.Name | None, issuer_key, *, ca: bool = False,
                  usage=None, names: list[x509.GeneralName] | None = None) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -9,7 +9,7 @@ of a token matched nor which one did. Tokens are never logged or echoed.
 from __future__ import annotations
 
 import hmac
-from typing import Sequence
+from collections.abc import Sequence
 
 from serving.config import Token, token_digest
 from serving.core import Code, ServingError
