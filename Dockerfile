@@ -54,8 +54,10 @@ ENV PATH=/opt/petal/bin:$PATH \
 USER 10001:10001
 WORKDIR /home/petal
 EXPOSE 8500 8501
+# Plain HTTP, else HTTPS for a server given --ssl_config_file (unverified: the check asks whether this container is
+# ready, not who it is). With client_verify (mutual TLS) override it with one that presents a client certificate.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/readyz', timeout=2)"]
+    CMD ["python3", "-c", "import ssl, urllib.request as u\ntry: u.urlopen('http://127.0.0.1:8501/readyz', timeout=2)\nexcept OSError: u.urlopen('https://127.0.0.1:8501/readyz', timeout=2, context=ssl._create_unverified_context())"]
 # exec replaces the shell, so the server is PID 1 and receives SIGTERM itself to drain in-flight requests.
 ENTRYPOINT ["/bin/sh", "-c", "exec petal serve --port=8500 --rest_api_port=8501 --model_name=\"$MODEL_NAME\" \
 --model_base_path=\"$MODEL_BASE_PATH/$MODEL_NAME\" \"$@\"", "petal"]

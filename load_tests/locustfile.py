@@ -7,7 +7,9 @@ Run it through `petal loadtest` (which adds the SLO check, reports and the sweep
         --images DIR --grpc-host 127.0.0.1:8500 --weights rest_predict=1,grpc_predict=1
 
 Request bodies are built once per image at start-up, so the load generator spends its CPU on sending, not on
-base64 and JSON, and the numbers measure the server.
+base64 and JSON, and the numbers measure the server. A secured server: `--token` (or $PETAL_TOKEN) for
+--auth_token_file, `--ca-file` (and `--cert-file`/`--key-file` for client_verify) for --ssl_config_file; the REST
+host is then an https:// URL.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from locust import FastHttpUser, User, constant, events, task
 
 import gevent
+import gevent.ssl
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 
@@ -48,6 +51,15 @@ def add_arguments(parser) -> None:
     group.add_argument("--weights", default="", help=f"NAME=N,... with NAME in {', '.join(ENDPOINTS)};"
                                                      " endpoints left out get no traffic (default: all, weight 1)")
     group.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request fails")
+    group.add_argument("--token", env_var="PETAL_TOKEN", default="", help="bearer token (default: $PETAL_TOKEN)")
+    group.add_argument("--ca-file", default="", help="TLS: the CA (PEM) to verify the server with")
+    group.add_argument("--cert-file", default="", help="TLS: client certificate (PEM) for mutual TLS")
+    group.add_argument("--key-file", default="", help="TLS: its private key (PEM)")
+
+
+def _tls_files(options, name: str) -> bytes | None:
+    path = getattr(options, name)
+    return Path(path).read_bytes() if path else None
 
 
 @events.init.add_listener
@@ -107,15 +119,26 @@ class _RestUser(FastHttpUser):
     def route(cls, model_name: str) -> str:
         raise NotImplementedError
 
+    headers: dict[str, str] = {}
+
     @classmethod
     def prepare(cls, images: list[bytes], options) -> None:
         cls.path = cls.route(options.model_name)
         cls.bodies = [cls.encode(image) for image in images]
+        cls.headers = {"Content-Type": cls.content_type,
+                       **({"Authorization": f"Bearer {options.token}"} if options.token else {})}
+        if options.ca_file or options.cert_file:
+            def secure_context():
+                context = gevent.ssl.create_default_context(cafile=options.ca_file or None)
+                if options.cert_file:
+                    context.load_cert_chain(options.cert_file, options.key_file or None)
+                return context
+            cls.insecure, cls.ssl_context_factory = False, staticmethod(secure_context)
 
     @task
     def send(self) -> None:
         body = random.choice(self.bodies)
-        with self.client.post(self.path, data=body, headers={"Content-Type": self.content_type},
+        with self.client.post(self.path, data=body, headers=self.headers,
                               name=self.endpoint, catch_response=True) as response:
             if not response.status_code:  # no HTTP answer at all: refused, reset or timed out
                 response.failure(f"connection failed: {response.error!r}")
@@ -218,9 +241,15 @@ class GrpcPredictUser(User):
 
         options = self.environment.parsed_options
         self.timeout = options.request_timeout
-        self.channel = grpc.insecure_channel(options.grpc_host, options=[
-            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)])
+        self.metadata = [("authorization", f"Bearer {options.token}")] if options.token else None
+        channel_options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+                           ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
+        if options.ca_file or options.cert_file:
+            credentials = grpc.ssl_channel_credentials(_tls_files(options, "ca_file"), _tls_files(options, "key_file"),
+                                                       _tls_files(options, "cert_file"))
+            self.channel = grpc.secure_channel(options.grpc_host, credentials, options=channel_options)
+        else:
+            self.channel = grpc.insecure_channel(options.grpc_host, options=channel_options)
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
     def on_stop(self) -> None:
@@ -232,7 +261,7 @@ class GrpcPredictUser(User):
         started = time.perf_counter()
         length, error = 0, None
         try:
-            response = self.stub.Predict(request, timeout=self.timeout)
+            response = self.stub.Predict(request, timeout=self.timeout, metadata=self.metadata)
             length = response.ByteSize()
             if "probabilities" not in response.outputs:
                 error = GrpcError(f"unexpected answer: outputs {sorted(response.outputs)}")

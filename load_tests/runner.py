@@ -15,12 +15,13 @@ import os
 import re
 import shlex
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from load_tests import sweep
@@ -35,6 +36,7 @@ DEFAULT_LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_SLO = Path(__file__).with_name("slo.toml")
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
 SERVER_STOP_GRACE_S = 10
+TOKEN_ENV = "PETAL_TOKEN"  # as serving.client's; the load tests import no serving module
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
 
 
@@ -49,6 +51,27 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Security:
+    """A secured server's demands: a bearer token, and TLS files (PEM) to verify it and to present to it."""
+
+    token: str = field(default="", repr=False)
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def locust_flags(self) -> list[str]:
+        """The token is left out: it reaches Locust as $PETAL_TOKEN, never on a command line `ps` shows."""
+        return [arg for name in ("ca_file", "cert_file", "key_file") if getattr(self, name)
+                for arg in (f"--{name.replace('_', '-')}", getattr(self, name))]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file or None)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file or None)
+        return context
+
+
+@dataclass(frozen=True)
 class Settings:
     """What every Locust run of one invocation shares."""
 
@@ -60,6 +83,7 @@ class Settings:
     run_time_s: int
     locustfile: Path
     request_timeout_s: float
+    security: Security = Security()
 
 
 def parse_duration(text: str) -> int:
@@ -106,9 +130,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model_available(host: str, model_name: str) -> bool:
+def _model_available(host: str, model_name: str, security: Security) -> bool:
+    request = urllib.request.Request(f"{host}/v1/models/{model_name}",
+                                     headers={"Authorization": f"Bearer {security.token}"} if security.token else {})
+    context = security.ssl_context() if host.startswith("https://") else None
     try:
-        with urllib.request.urlopen(f"{host}/v1/models/{model_name}", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             states = [v.get("state") for v in json.load(response).get("model_version_status", [])]
     except (OSError, ValueError):
         return False
@@ -117,14 +144,15 @@ def _model_available(host: str, model_name: str) -> bool:
 
 @contextlib.contextmanager
 def running_server(model_base_path: Path, model_name: str, log_path: Path, extra_flags: list[str],
-                   timeout_s: float) -> Iterator[Target]:
+                   timeout_s: float, security: Security = Security()) -> Iterator[Target]:
     """`petal serve` on free loopback ports until the block ends; ready means the model reports AVAILABLE
     (after its warmup), so the first measured requests do not pay for loading."""
     if not model_base_path.is_dir() or not any(p.name.isdigit() for p in model_base_path.iterdir()):
         raise LoadTestError(f"no model versions under {model_base_path}: train and export one first "
                             "(petal train, petal export) or pass --model_base_path")
     rest_port, grpc_port = free_port(), free_port()
-    target = Target(f"http://127.0.0.1:{rest_port}", f"127.0.0.1:{grpc_port}")
+    scheme = "https" if any(flag.startswith("--ssl_config_file") for flag in extra_flags) else "http"
+    target = Target(f"{scheme}://127.0.0.1:{rest_port}", f"127.0.0.1:{grpc_port}")
     command = [sys.executable, "-m", "petal", "serve", "--host=127.0.0.1", f"--port={grpc_port}",
                f"--rest_api_port={rest_port}", f"--model_name={model_name}", f"--model_base_path={model_base_path}",
                *extra_flags]
@@ -134,7 +162,7 @@ def running_server(model_base_path: Path, model_name: str, log_path: Path, extra
                                    env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ})
     try:
         deadline = time.monotonic() + timeout_s
-        while not _model_available(target.host, model_name):
+        while not _model_available(target.host, model_name, security):
             if process.poll() is not None:
                 raise LoadTestError(f"server did not start: `petal serve` exited with code {process.returncode};"
                                     f" log {log_path}:\n{_tail(log_path)}")
@@ -171,7 +199,7 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
                "--json-file", str(out_dir / "locust_stats"),
                "--loglevel", "WARNING", "--images", str(settings.images), "--model-name", settings.model_name,
                "--grpc-host", settings.target.grpc_host, "--weights", weights,
-               "--request-timeout", str(settings.request_timeout_s)]
+               "--request-timeout", str(settings.request_timeout_s), *settings.security.locust_flags()]
     log_path = out_dir / "locust.log"
     log.info("running locust", extra={"fields": {"command": shlex.join(command)}})
     print(f"loadtest: {users} user(s) for {settings.run_time_s}s against {settings.target.host}"
@@ -182,7 +210,8 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
         try:
             # Locust exits 1 whenever any request failed; the SLO check, not that, decides pass or fail.
             subprocess.run(command, stdout=locust_log, stderr=subprocess.STDOUT,
-                           timeout=settings.run_time_s + LOCUST_GRACE_S, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                           timeout=settings.run_time_s + LOCUST_GRACE_S,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: settings.security.token})
         except subprocess.TimeoutExpired:
             raise LoadTestError(f"locust did not finish within {settings.run_time_s + LOCUST_GRACE_S}s;"
                                 f" log {log_path}:\n{_tail(log_path)}") from None
@@ -299,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     flag("sweep", action="store_true", help="step --sweep_users for --run-time each and report the knee")
     flag("sweep_users", default="1,2,4,8,16,32,64", help="user counts the sweep steps through")
     flag("locustfile", type=Path, default=DEFAULT_LOCUSTFILE, help="Locust users to run (default: Petal's)")
+    flag("token", default=os.environ.get(TOKEN_ENV, ""),
+         help=f"bearer token for a server with --auth_token_file (default: ${TOKEN_ENV})")
+    flag("ca_file", default="", help="TLS: the CA (PEM) that signed the server's certificate; use an https:// --host")
+    flag("cert_file", default="", help="TLS: client certificate (PEM) for a server with client_verify")
+    flag("key_file", default="", help="TLS: its private key (PEM)")
     return parser
 
 
@@ -332,16 +366,17 @@ def main(argv: list[str]) -> int:
     images = args.images.resolve() if args.images else make_corpus(report_dir / "corpus", args.image_sizes)
     summary: dict = {"mode": "sweep" if args.sweep else "run", "slo": str(args.slo), "weights": weights,
                      "users": levels or args.users, "run_time_s": args.run_time, "images": str(images)}
+    security = Security(args.token, args.ca_file, args.cert_file, args.key_file)
     try:
         with contextlib.ExitStack() as stack:
             target = Target(args.host.rstrip("/"), args.grpc_host)
             if args.start_server:
                 target = stack.enter_context(running_server(
                     args.model_base_path.resolve(), args.model_name, report_dir / "server.log",
-                    shlex.split(args.server_flags), args.server_timeout))
+                    shlex.split(args.server_flags), args.server_timeout, security))
             summary.update(host=target.host, grpc_host=target.grpc_host)
             settings = Settings(target, args.model_name, images, weights, args.spawn_rate, args.run_time,
-                                args.locustfile.resolve(), args.request_timeout)
+                                args.locustfile.resolve(), args.request_timeout, security)
             if args.sweep:
                 code = sweep_run(settings, slo, levels, report_dir, summary)
             else:

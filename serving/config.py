@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -11,11 +13,15 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
 from serving.memory import available_memory, default_pixel_budget
-from serving.protos import BatchingParameters, MonitoringConfig
+from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
 WORKER_CLASSES = ("gevent", "gthread")
+ROLES = ("predict", "admin")  # a token line without a role may predict; `admin` may also control models
+MIN_TOKEN_CHARS = 16
+# RFC 6750's b64token: what a Bearer header can carry without quoting, so parsing it is never ambiguous.
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,24 @@ class BatchingOptions:
         return rows
 
 
+@dataclass(frozen=True)
+class TLSOptions:
+    """TF Serving's SSLConfig, as PEM text. Applied to both ports; `client_verify` asks every client for a
+    certificate signed by `custom_ca` (mutual TLS)."""
+    server_key: str = field(repr=False)
+    server_cert: str
+    custom_ca: str = ""
+    client_verify: bool = False
+
+
+@dataclass(frozen=True)
+class Token:
+    """One line of --auth_token_file. The token is kept only as its SHA-256, so that comparing it takes the same
+    time whatever the length of the token presented (serving/protocols/auth.py)."""
+    digest: bytes = field(repr=False)
+    role: str
+
+
 @dataclass
 class ServerOptions:
     port: int = 8500
@@ -92,6 +116,14 @@ class ServerOptions:
     metrics_path: str | None = DEFAULT_METRICS_PATH
     cors_allowed_origins: tuple[str, ...] = ()  # none: browsers allow same-origin calls only
     disable_web_ui: bool = False
+    ssl_config_file: str = ""
+    tls: TLSOptions | None = None
+    auth_token_file: str = ""
+    tokens: tuple[Token, ...] = ()
+    enable_model_control: bool = False
+    metrics_require_auth: bool = False
+    model_root: str = ""
+    access_log: bool = False
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
 
     def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
@@ -130,6 +162,57 @@ def read_model_config(path: str) -> model_server_config_pb2.ModelServerConfig:
         if model.model_platform not in ("", "tensorflow"):
             raise ValueError(f"{path}: model_platform {model.model_platform!r} is not supported")
     return config
+
+
+def check_model_root(config: model_server_config_pb2.ModelServerConfig, root: str) -> None:
+    """With --model_root, every base path must resolve (symlinks followed) inside it: a reload RPC or a config
+    file must not point the server at the rest of the disk. ValueError names the first path that does not."""
+    if not root:
+        return
+    real_root = os.path.realpath(root)
+    for model in config.model_config_list.config:
+        real = os.path.realpath(model.base_path)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise ValueError(f"model {model.name!r}: base path {model.base_path!r} is outside --model_root "
+                             f"{root!r}")
+
+
+def read_ssl_config(path: str) -> TLSOptions:
+    """A text-format SSLConfig; the key and certificate are required, and client_verify needs the CA to verify
+    clients against."""
+    with open(path) as f:
+        config = text_format.Parse(f.read(), SSLConfig())
+    if not config.server_key.strip() or not config.server_cert.strip():
+        raise ValueError(f"{path}: server_key and server_cert (PEM text) are both required")
+    if config.client_verify and not config.custom_ca.strip():
+        raise ValueError(f"{path}: client_verify needs custom_ca, the PEM of the CA that signs client certificates")
+    return TLSOptions(config.server_key, config.server_cert, config.custom_ca, config.client_verify)
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+def read_token_file(path: str) -> tuple[Token, ...]:
+    """One token per line, optionally followed by a space and a role; blank lines and `#` comments are skipped.
+    Errors name the line, never the token."""
+    tokens = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            token, _, role = text.partition(" ")
+            role = role.strip() or "predict"
+            if role not in ROLES:
+                raise ValueError(f"{path}:{number}: unknown role {role!r}; roles are {', '.join(ROLES)}")
+            if len(token) < MIN_TOKEN_CHARS or not TOKEN_PATTERN.fullmatch(token):
+                raise ValueError(f"{path}:{number}: a token needs at least {MIN_TOKEN_CHARS} characters from "
+                                 "A-Z a-z 0-9 - . _ ~ + / (optionally ending in =)")
+            tokens.append(Token(token_digest(token), role))
+    if not tokens:
+        raise ValueError(f"{path}: no tokens")
+    return tuple(tokens)
 
 
 def read_batching_parameters(path: str) -> BatchingOptions:
@@ -211,6 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
          "default: none, same-origin only")
     flag("--disable_web_ui", default=d.disable_web_ui, help="(Petal) no web pages at /, /models and /docs; "
          "the APIs stay", **boolean)
+    flag("--ssl_config_file", default="", help="text-format SSLConfig (PEM text of server_key, server_cert, "
+         "custom_ca; client_verify): TLS on both ports (TF Serving: gRPC only)")
+    flag("--auth_token_file", default="", help="(Petal) bearer tokens, one per line, optionally followed by a "
+         "space and the role `admin`; without it no token is asked for")
+    flag("--enable_model_control", default=False, help="(Petal) without --auth_token_file, allow the reload "
+         "RPC (HandleReloadConfigRequest) to anyone who reaches the gRPC port", **boolean)
+    flag("--metrics_require_auth", default=False, help="(Petal) the metrics path needs a token too", **boolean)
+    flag("--model_root", default="", help="(Petal) every model base path (flags, config file, reload RPC) "
+         "must resolve inside this folder")
+    flag("--access_log", default=False, help="(Petal) one JSON line per request on stderr", **boolean)
     return parser
 
 
@@ -225,8 +318,13 @@ def parse_args(argv: list[str]) -> ServerOptions:
             options.batching = read_batching_parameters(args.batching_parameters_file)
         if args.monitoring_config_file:
             options.metrics_path = read_metrics_path(args.monitoring_config_file)
-        if args.model_config_file:
-            read_model_config(args.model_config_file)
+        if args.ssl_config_file:
+            options.tls = read_ssl_config(args.ssl_config_file)
+        if args.auth_token_file:
+            options.tokens = read_token_file(args.auth_token_file)
+        if args.model_root and not os.path.isdir(args.model_root):
+            raise ValueError(f"--model_root {args.model_root!r} is not a folder")
+        check_model_root(options.model_server_config(), args.model_root)
     except (OSError, ValueError, text_format.ParseError) as error:
         parser.error(str(error))
     if options.max_inflight_pixels == 0:
@@ -235,6 +333,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
     elif 0 < options.max_inflight_pixels < options.max_image_pixels:
         parser.error("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could never "
                      "run")
+    if options.tls and options.worker_class != "gevent":
+        parser.error("--ssl_config_file needs --worker_class=gevent (the REST port's TLS lives in its worker)")
     if min(options.workers, options.threads, options.max_connections) < 1:
         parser.error("--workers, --threads and --max_connections must be at least 1")
     if min(options.keepalive_timeout, options.request_header_timeout, options.request_body_timeout) <= 0:

@@ -12,19 +12,29 @@ greenlet and a socket instead of one of a fixed number of threads. Three changes
   while a large photo sent at any normal speed is not. gunicorn's own `keepalive` closes idle connections.
 - Past --max_connections, a new connection is answered 503 with Retry-After and closed, instead of waiting unseen
   in the kernel's backlog.
+
+With --ssl_config_file the worker does TLS itself rather than through gunicorn's `certfile`: gevent's server
+would complete each handshake before `handle()` runs, with no deadline and outside --max_connections. Here the
+handshake happens inside `handle()`, counted as a connection and bounded by --request_header_timeout, and the
+deadlines above then apply to the decrypted stream.
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from gevent import monkey
 from gevent import socket as gsocket
+from gevent import ssl as gssl
 from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import RequestTimeout
 
 from serving import threads
+from serving.config import TLSOptions
+
+logger = logging.getLogger(__name__)
 
 MIN_BODY_RATE = 64 * 1024  # bytes/s; each such chunk received buys one more second of body time
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -40,6 +50,19 @@ class ReadDeadline(NoMoreData, RequestTimeout):
 
     def __str__(self) -> str:
         return RequestTimeout.__str__(self)
+
+
+def tls_context(tls: TLSOptions, cert_path: str, key_path: str) -> gssl.SSLContext:
+    """The REST port's TLS context (a gevent one, so handshakes and reads yield to the loop). Python loads a
+    certificate chain only from files (serving/server.py writes them); the CA is PEM text. With custom_ca but no
+    client_verify a client certificate is checked when sent, as gRPC does."""
+    context = gssl.SSLContext(gssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = gssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_path, key_path)
+    if tls.custom_ca:
+        context.load_verify_locations(cadata=tls.custom_ca)
+        context.verify_mode = gssl.CERT_REQUIRED if tls.client_verify else gssl.CERT_OPTIONAL
+    return context
 
 
 class DeadlineSocket:
@@ -73,7 +96,9 @@ class DeadlineSocket:
         self._sock.settimeout(remaining)
         try:
             data = self._sock.recv(size, *flags)
-        except TimeoutError:
+        except OSError:  # a TLS socket's timeout is an SSLError, not a TimeoutError
+            if time.monotonic() < self._deadline:
+                raise
             raise ReadDeadline(self._phase) from None
         finally:
             self._sock.settimeout(None)
@@ -83,34 +108,60 @@ class DeadlineSocket:
 
 
 class PetalGeventWorker(GeventWorker):
-    """Settings come from gunicorn's config; Petal's three are set by serving/server.py as `petal_*` attributes."""
+    """Settings come from gunicorn's config; Petal's are set by serving/server.py as `petal_*` attributes
+    (`petal_tls`: the TLSOptions and the paths of the certificate and key files, or None)."""
 
     petal_max_connections = 1000
     petal_header_timeout = 10.0
     petal_body_timeout = 10.0
     petal_os_threads = 4
+    petal_tls: tuple[TLSOptions, str, str] | None = None
 
     def patch(self) -> None:
         monkey.patch_all(thread=False, queue=False)
         self.sockets = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
         threads.serve_on_gevent_loop(self.petal_os_threads)
         self._open = 0
+        self._tls = tls_context(*self.petal_tls) if self.petal_tls else None
 
     def handle(self, listener, client, addr) -> None:
         if self._open >= self.petal_max_connections:
-            body = json.dumps({"error": "Too many connections to this worker; retry shortly"}).encode()
-            try:
-                client.sendall(_REFUSAL % (len(body), body))
-            finally:
-                client.close()
+            self.refuse(client)
             return
         self._open += 1
         try:
             client.setblocking(1)
+            if self._tls is not None:
+                client = self.handshake(client, addr)
+                if client is None:
+                    return
             super().handle(listener, DeadlineSocket(client, self.petal_header_timeout, self.petal_body_timeout),
                            addr)
         finally:
             self._open -= 1
+
+    def refuse(self, client) -> None:
+        """503 in plain HTTP; a TLS client is only closed, since answering it would first cost a handshake, the
+        very work an overloaded worker is shedding."""
+        try:
+            if self._tls is None:
+                body = json.dumps({"error": "Too many connections to this worker; retry shortly"}).encode()
+                client.sendall(_REFUSAL % (len(body), body))
+        finally:
+            client.close()
+
+    def handshake(self, client, addr):
+        """The TLS handshake, within --request_header_timeout; None (and the connection closed) if it fails."""
+        client.settimeout(self.petal_header_timeout)
+        try:
+            secure = self._tls.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+            secure.do_handshake()
+        except OSError as error:  # ssl.SSLError and timeouts alike: a refused certificate, plain HTTP, a stall
+            logger.info("TLS handshake failed", extra={"fields": {"peer": str(addr), "error": str(error)}})
+            client.close()
+            return None
+        secure.settimeout(None)
+        return secure
 
     def handle_request(self, listener_name, req, sock, addr):
         sock.start_body()

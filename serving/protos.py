@@ -1,7 +1,8 @@
-"""TF Serving's `BatchingParameters` and `MonitoringConfig` messages.
+"""TF Serving's `BatchingParameters`, `MonitoringConfig` and `SSLConfig` messages.
 
-The tensorflow-serving-api wheel ships neither (only apis/ and config/model_server_config), yet
-`--batching_parameters_file` and `--monitoring_config_file` are text protos of exactly these messages. So, when
+The tensorflow-serving-api wheel ships none of them (only apis/ and config/model_server_config), yet
+`--batching_parameters_file`, `--monitoring_config_file` and `--ssl_config_file` are text protos of exactly these
+messages. So, when
 the wheel lacks them, they are declared here with TF Serving's package, names and field numbers, and text-format
 files written for tensorflow_model_server parse unchanged.
 """
@@ -20,7 +21,7 @@ def _field(name: str, number: int, type_: int, type_name: str = "", repeated: bo
     return field
 
 
-def _declare() -> tuple[type, type]:
+def _declare() -> tuple[type, type, type]:
     file = descriptor_pb2.FileDescriptorProto(name="petal/tensorflow_serving_config_extra.proto",
                                               package="tensorflow.serving", syntax="proto3",
                                               dependency=["google/protobuf/wrappers.proto"])
@@ -38,14 +39,18 @@ def _declare() -> tuple[type, type]:
         _field("enable", 1, _F.TYPE_BOOL), _field("path", 2, _F.TYPE_STRING)])
     file.message_type.add(name="MonitoringConfig", field=[
         _field("prometheus_config", 1, _F.TYPE_MESSAGE, ".tensorflow.serving.PrometheusConfig")])
+    file.message_type.add(name="SSLConfig", field=[  # tensorflow_serving/config/ssl_config.proto
+        _field("server_key", 1, _F.TYPE_STRING), _field("server_cert", 2, _F.TYPE_STRING),
+        _field("custom_ca", 3, _F.TYPE_STRING), _field("client_verify", 4, _F.TYPE_BOOL)])
     pool = descriptor_pool.Default()
     pool.Add(file)
-    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters")),
-            message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.MonitoringConfig")))
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.serving.{name}"))
+                 for name in ("BatchingParameters", "MonitoringConfig", "SSLConfig"))
 
 
 try:
     from tensorflow_serving.config.monitoring_config_pb2 import MonitoringConfig
+    from tensorflow_serving.config.ssl_config_pb2 import SSLConfig
     from tensorflow_serving.servables.tensorflow.session_bundle_config_pb2 import BatchingParameters
 except ImportError:
-    BatchingParameters, MonitoringConfig = _declare()
+    BatchingParameters, MonitoringConfig, SSLConfig = _declare()

@@ -19,7 +19,7 @@ import tempfile
 
 from gunicorn.app.base import BaseApplication
 
-from serving.config import ServerOptions, bind_address, parse_args
+from serving.config import ServerOptions, TLSOptions, bind_address, parse_args
 from serving import metrics
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,7 @@ def _post_worker_init(worker) -> None:
     grpc_server = None
     if options.port:
         from serving.protocols import grpc_api as grpc_module
-        grpc_server = grpc_module.start(core, options.host, options.port, options.grpc_max_message_bytes,
-                                        options.grpc_channel_arguments)
+        grpc_server = grpc_module.start(core)
     worker.petal_grpc = grpc_server
     gunicorn_handler = worker.handle_exit
 
@@ -79,11 +78,24 @@ def _child_exit(server, worker) -> None:
     metrics.worker_exited(worker.pid)
 
 
+def write_key_pair(tls: TLSOptions, folder: str) -> tuple[str, str]:
+    """The REST port's certificate and key as files, which Python's ssl needs (the workers load them, also when
+    gunicorn restarts one): readable by this user alone, in a private folder that `main` removes at exit."""
+    paths = []
+    for name, text in (("server_cert.pem", tls.server_cert), ("server_key.pem", tls.server_key)):
+        path = os.path.join(folder, name)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(text)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 class PetalApplication(BaseApplication):
     """gunicorn configured from tensorflow_model_server-style flags instead of gunicorn's own."""
 
-    def __init__(self, options: ServerOptions):
+    def __init__(self, options: ServerOptions, tls_files: tuple[str, str] | None = None):
         self.options = options
+        self.tls_files = tls_files
         super().__init__()
 
     def load_config(self) -> None:
@@ -116,7 +128,8 @@ class PetalApplication(BaseApplication):
         o = self.options
         return type("ConfiguredGeventWorker", (PetalGeventWorker,), {
             "petal_max_connections": o.max_connections, "petal_header_timeout": o.request_header_timeout,
-            "petal_body_timeout": o.request_body_timeout, "petal_os_threads": o.threads})
+            "petal_body_timeout": o.request_body_timeout, "petal_os_threads": o.threads,
+            "petal_tls": (o.tls, *self.tls_files) if o.tls and self.tls_files else None})
 
     def load(self):
         from serving.worker import create_core
@@ -132,12 +145,25 @@ def main(argv: list[str]) -> int:
                        extra={"fields": {"model_base_path": options.model_base_path}})
     models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
     grpc = f", gRPC on {bind_address(options.host, options.port)}" if options.port else ""
-    rest = f"http://{bind_address(options.host, options.rest_api_port)}"
+    scheme = "https" if options.tls else "http"
+    rest = f"{scheme}://{bind_address(options.host, options.rest_api_port)}"
     # a wildcard address is not one a browser can open; this machine's own name is
     page = rest.replace("0.0.0.0", "localhost").replace("[::]", "localhost")
     web_ui = "" if options.disable_web_ui else f"; web UI: open {page}/"
     print(f"petal serve: {models}; REST on {rest}{grpc}; ready when /readyz answers 200{web_ui}",
           file=sys.stderr, flush=True)
+    tls_dir, tls_files = "", None
+    if options.tls:
+        from serving.gevent_worker import tls_context
+
+        tls_dir = tempfile.mkdtemp(prefix="petal-tls-")  # mode 0700
+        tls_files = write_key_pair(options.tls, tls_dir)
+        try:
+            tls_context(options.tls, *tls_files)  # a bad key or certificate fails here, once, not in every worker
+        except (OSError, ValueError) as error:
+            shutil.rmtree(tls_dir, ignore_errors=True)
+            print(f"petal serve: --ssl_config_file {options.ssl_config_file}: {error}", file=sys.stderr)
+            return 2
     shared = ""
     if options.workers > 1:
         # What the workers share: a reload RPC's config for all of them, and prometheus_client's per-process
@@ -146,10 +172,10 @@ def main(argv: list[str]) -> int:
         options.reload_dir = shared
         metrics.prepare_multiprocess(os.path.join(shared, "metrics"))
     try:
-        PetalApplication(options).run()
+        PetalApplication(options, tls_files).run()
     finally:
-        if shared:
-            shutil.rmtree(shared, ignore_errors=True)
+        for folder in filter(None, (shared, tls_dir)):
+            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServerOptions, read_model_config
-from serving.core import Core
+from serving.core import Core, ServingError
 from serving.cpus import available_cores
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,11 @@ def _watch_config(core: Core, path: str, seconds: float, last: bytes) -> None:
             continue
         text = config.SerializeToString(deterministic=True)
         if text != last:
-            core.reload_config(config, publish=False)
-            logger.info("model config reloaded", extra={"fields": {"path": path, "models": core.model_names()}})
+            try:
+                core.reload_config(config, publish=False)
+            except ServingError as error:  # e.g. a base path outside --model_root
+                logger.warning("model config refused; keeping the current one",
+                               extra={"fields": {"path": path, "error": error.message}})
+            else:
+                logger.info("model config reloaded", extra={"fields": {"path": path, "models": core.model_names()}})
         last = text

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -59,10 +60,10 @@ def b64(data: bytes) -> dict:
     return {"b64": base64.b64encode(data).decode()}
 
 
-def get_status(url: str) -> int:
+def get_status(url: str, context: ssl.SSLContext | None = None) -> int:
     """The HTTP status of a GET, or 0 when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -80,10 +81,11 @@ def _flag_value(args: tuple[str, ...], name: str) -> str | None:
 
 @contextmanager
 def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,
-               stop_timeout: float = 60.0) -> Iterator[Server]:
+               stop_timeout: float = 60.0, tls_context: ssl.SSLContext | None = None) -> Iterator[Server]:
     """`petal serve ARGS` on free ports; yields once /readyz is 200 (or /healthz, with wait_ready=False).
 
     It binds 127.0.0.1 unless ARGS say `--host=ADDRESS` (another loopback address, say), and the URLs follow.
+    With `tls_context` (for a server given --ssl_config_file) the REST URL is https and the probe uses it.
     """
     args = tuple(petal_serve_args)
     host = _flag_value(args, "--host") or "127.0.0.1"
@@ -96,11 +98,12 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
     proc = subprocess.Popen([sys.executable, "-m", "petal", "serve", *extra, *args], cwd=ROOT,
                             stdout=log_file, stderr=subprocess.STDOUT,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    server = Server(f"http://{host}:{rest_port}", f"{host}:{grpc_port}", proc, log_file.name)
+    scheme = "https" if tls_context else "http"
+    server = Server(f"{scheme}://{host}:{rest_port}", f"{host}:{grpc_port}", proc, log_file.name)
     try:
         probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while get_status(probe) != 200:
+        while get_status(probe, tls_context) != 200:
             if proc.poll() is not None:
                 raise RuntimeError(f"petal serve exited with {proc.returncode}:\n{server.log()[-4000:]}")
             if time.monotonic() > deadline:

@@ -42,8 +42,8 @@ def server(model_base, tmp_path_factory):
     params.write_text(f"max_batch_size {{ value: 4 }} batch_timeout_micros {{ value: {int(BATCH_TIMEOUT_S * 1e6)} }}"
                       " num_batch_threads { value: 1 } max_enqueued_batches { value: 8 }")
     with run_server(f"--model_base_path={model_base}", "--model_name=flowers", "--enable_batching",
-                    f"--batching_parameters_file={params}", "--grpc_channel_arguments=grpc.max_concurrent_streams=100"
-                    ) as srv:
+                    f"--batching_parameters_file={params}", "--grpc_channel_arguments=grpc.max_concurrent_streams=100",
+                    "--enable_model_control") as srv:
         yield srv
 
 
@@ -293,7 +293,7 @@ def model_status(target: str) -> get_model_status_pb2.GetModelStatusResponse:
 def test_two_workers_bind_only_the_host_given_and_a_reload_reaches_both(model_base):
     """--host applies to gRPC as to REST; a reload RPC lands on one worker of two, and both serve the new config."""
     with run_server(f"--model_base_path={model_base}", "--model_name=flowers", "--workers=2",
-                    "--host=127.0.0.2") as srv:
+                    "--host=127.0.0.2", "--enable_model_control") as srv:
         port = srv.grpc_target.rsplit(":", 1)[1]
         [status] = model_status(srv.grpc_target).model_version_status  # the other worker may still be loading
         assert status.version == 1

@@ -7,7 +7,9 @@
 
 REST goes through KServe V2 `infer` with Triton's binary encoding and the classification extension (raw JPEG
 bytes, no base64, the labels come back with the scores); gRPC goes through TF Serving's `Classify`. Both
-answer with the server's labels, so the client needs no label file. Transient failures (HTTP 503, gRPC
+answer with the server's labels, so the client needs no label file. For a server started with --auth_token_file
+pass `token` (sent as `Authorization: Bearer`); with --ssl_config_file pass `ca_file` (or `tls=True` to trust the
+system's CAs), and `cert_file`/`key_file` when it asks for client certificates. Transient failures (HTTP 503, gRPC
 UNAVAILABLE, a refused connection while a server restarts) are retried with exponential backoff and full
 jitter; the caller's mistakes (4xx) raise RequestError at once.
 """
@@ -18,7 +20,7 @@ import os
 import random
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
@@ -35,6 +37,37 @@ GRPC_REQUEST_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOU
                        grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
                        grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
                        grpc.StatusCode.ALREADY_EXISTS}
+
+
+TOKEN_ENV = "PETAL_TOKEN"
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a secured server asks of a client: a bearer token, and TLS (PEM files) with an optional client
+    certificate. TLS is on when asked for or implied by a CA or certificate file."""
+
+    token: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.ca_file or self.cert_file)
+
+    def header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if not path:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file), private_key=read(self.key_file),
+                                            certificate_chain=read(self.cert_file))
 
 
 @dataclass(frozen=True)
@@ -90,18 +123,24 @@ class Client:
 
     def __init__(self, server: str = "localhost:8501", *, use_grpc: bool = False, model: str = "flowers",
                  version: int | None = None, timeout: float = 30.0, retries: int = 3, backoff: float = 0.1,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, security: Security = Security()) -> None:
         self.server, self.use_grpc, self.model, self.version = server, use_grpc, model, version
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.metadata = tuple((k.lower(), v) for k, v in security.header().items())
         if use_grpc:
             # gRPC clients refuse messages over 4 MB by default; images need more.
-            self.channel = grpc.insecure_channel(server, options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes)])
+            options = [("grpc.max_send_message_length", max_message_bytes),
+                       ("grpc.max_receive_message_length", max_message_bytes)]
+            self.channel = (grpc.secure_channel(server, security.grpc_credentials(), options=options)
+                            if security.uses_tls else grpc.insecure_channel(server, options=options))
             self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         else:
             self.session = requests.Session()
-            base = server if "://" in server else f"http://{server}"
+            self.session.headers.update(security.header())
+            # per request, not on the session: requests lets $REQUESTS_CA_BUNDLE override a session's `verify`
+            self.tls_arguments = {"verify": security.ca_file or True, "cert": (
+                (security.cert_file, security.key_file) if security.key_file else security.cert_file)}
+            base = server if "://" in server else f"{'https' if security.uses_tls else 'http'}://{server}"
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
             self.infer_url = f"{base}{path}/infer"
 
@@ -149,7 +188,8 @@ class Client:
         request = classification_pb2.ClassificationRequest(
             model_spec=spec, input=input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples)))
         try:
-            response = self.stub.Classify(request, timeout=max(deadline - time.monotonic(), 0.001))
+            response = self.stub.Classify(request, timeout=max(deadline - time.monotonic(), 0.001),
+                                          metadata=self.metadata or None)
         except grpc.RpcError as err:
             code, message = err.code(), err.details() or ""
             if code in GRPC_REQUEST_ERRORS:
@@ -170,9 +210,11 @@ class Client:
             response = self.session.post(
                 self.infer_url, data=header + raw, timeout=max(deadline - time.monotonic(), 0.001),
                 headers={"Inference-Header-Content-Length": str(len(header)),
-                         "Content-Type": "application/octet-stream"})
+                         "Content-Type": "application/octet-stream"}, **self.tls_arguments)
         except requests.Timeout as exc:
             raise ServerError("DEADLINE_EXCEEDED", f"no answer from {self.infer_url} in time: {exc}") from None
+        except requests.exceptions.SSLError as exc:  # a certificate problem does not go away on a retry
+            raise ServerError("UNAVAILABLE", f"TLS with {self.infer_url} failed: {exc}") from None
         except requests.ConnectionError as exc:
             raise Retry(ServerError("UNAVAILABLE", f"cannot connect to {self.infer_url}: {exc}")) from None
         if response.status_code != 200:
@@ -199,7 +241,8 @@ class Client:
 
 
 def predict(images: Sequence[Image], server: str = "localhost:8501", *, model: str = "flowers",
-            top_k: int = 3, use_grpc: bool = False, timeout: float = 30.0) -> list[Prediction]:
+            top_k: int = 3, use_grpc: bool = False, timeout: float = 30.0,
+            security: Security = Security()) -> list[Prediction]:
     """One-shot convenience: open a Client, classify, close."""
-    with Client(server, use_grpc=use_grpc, model=model, timeout=timeout) as client:
+    with Client(server, use_grpc=use_grpc, model=model, timeout=timeout, security=security) as client:
         return client.predict(images, top_k=top_k)

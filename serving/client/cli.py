@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
-from serving.client import Client, PetalError, Prediction, RequestError, from_pairs
+from serving.client import TOKEN_ENV, Client, PetalError, Prediction, RequestError, Security, from_pairs
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, LABELS_ASSET, latest_version, read_labels
 from serving.core.errors import op_error_message
 from serving.core.images import top_k as top_k_pairs
@@ -32,6 +33,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request, retries included")
     parser.add_argument("--format", choices=["table", "json"], default="table",
                         help="a table, or one JSON object per image")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"bearer token for a server with --auth_token_file (default: ${TOKEN_ENV}; the "
+                        "variable keeps it out of the process list)")
+    parser.add_argument("--tls", action="store_true", help="TLS, trusting the system's CAs")
+    parser.add_argument("--ca_file", help="TLS, trusting this CA (PEM)")
+    parser.add_argument("--cert_file", help="client certificate (PEM) for a server with client_verify")
+    parser.add_argument("--key_file", help="its private key (PEM)")
     args = parser.parse_args(argv)
     if args.top_k < 1:
         parser.error("--top_k must be at least 1")
@@ -60,8 +68,9 @@ def predict_in_process(images: Sequence[bytes], model_dir: str, top_k: int) -> l
 
 def predict_remote(images: Sequence[bytes], args: argparse.Namespace) -> list[Prediction | str]:
     """One request for all images; if the server refuses it, ask per image so each error names its image."""
+    security = Security(args.token, args.tls, args.ca_file, args.cert_file, args.key_file)
     with Client(args.server, use_grpc=args.grpc, model=args.model, version=args.model_version,
-                timeout=args.timeout) as client:
+                timeout=args.timeout, security=security) as client:
         try:
             return list(client.predict(images, top_k=args.top_k))
         except RequestError as batch_error:

@@ -15,7 +15,7 @@ import numpy as np
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
-from serving.config import ServerOptions
+from serving.config import ServerOptions, check_model_root
 from serving.core import images
 from serving.core.batching import Batcher, PixelBudget, run_inline
 from serving.core.errors import ServingError, invalid
@@ -204,6 +204,10 @@ class Core:
         """Serve these models from now on; `publish` passes the config on to the other workers, if any."""
         if config.WhichOneof("config") != "model_config_list":
             raise invalid("Only model_config_list is supported")
+        try:
+            check_model_root(config, self.options.model_root)
+        except ValueError as error:
+            raise invalid(str(error)) from None
         self.repository.reload_config(config)
         if publish and self.publish_config is not None:
             self.publish_config(config)

@@ -3,20 +3,24 @@ one Core.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
+With --auth_token_file every route but the probes (and the metrics, unless --metrics_require_auth) needs a token.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import flask
 from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
-from serving.core import Core, ServingError
-from serving.protocols import kserve, rest, web
+from serving.core import Code, Core, ServingError
+from serving.protocols import access_log, auth, kserve, rest, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
+# Routes that orchestrators probe without credentials: liveness and readiness, Petal's and KServe V2's.
+PROBE_ENDPOINTS = frozenset({"healthz", "readyz", "kserve_v2.live", "kserve_v2.ready"})
 
 # What a browser page on another origin may send and read: a bearer token and JSON or image bodies (V2's binary
 # extension and gzip included) in, the error body's retry and authentication hints out.
@@ -60,9 +64,45 @@ def create_app(core: Core) -> flask.Flask:
     app.url_map.converters.update(verb=rest.VerbConverter, segment=rest.SegmentConverter)
     app.wsgi_app = NormalizeV1Paths(app.wsgi_app)
 
+    authenticator = auth.Authenticator(core.options.tokens, core.options.enable_model_control)
+    open_endpoints = PROBE_ENDPOINTS | ({"metrics"} if not core.options.metrics_require_auth else set())
+
+    if core.options.access_log:
+        access_log.enable()
+
+        @app.before_request
+        def start_clock() -> None:
+            flask.g.started = time.perf_counter()
+            flask.g.request_id = access_log.request_id(flask.request.headers.get(access_log.HEADER))
+
+        @app.after_request
+        def log_request(response: flask.Response) -> flask.Response:
+            request, view_args = flask.request, flask.request.view_args or {}
+            response.headers[access_log.HEADER] = flask.g.request_id
+            access_log.write(request_id=flask.g.request_id, protocol="rest", method=request.method,
+                             path=request.path, model=view_args.get("name") or view_args.get("model"),
+                             version=view_args.get("version") or view_args.get("label"),
+                             status=response.status_code, bytes_in=request.content_length or 0,
+                             bytes_out=response.calculate_content_length() or 0, remote=request.remote_addr,
+                             latency_ms=round(1000 * (time.perf_counter() - flask.g.started), 3))
+            return response
+
+    @app.before_request
+    def authenticate() -> None:
+        """The pages and their assets load without a token (they then ask for one), and a CORS preflight never
+        carries one; everything they call is checked."""
+        request = flask.request
+        if not authenticator.required or request.method == "OPTIONS" or request.endpoint in open_endpoints \
+                or (request.blueprint or "") in web.BLUEPRINTS:
+            return
+        authenticator.check(request.headers.get("Authorization"), auth.PREDICT)
+
     @app.errorhandler(ServingError)
     def serving_error(error: ServingError) -> flask.Response:
-        return error_response(error.code.http_status, error.message)
+        response = error_response(error.code.http_status, error.message)
+        if error.code == Code.UNAUTHENTICATED:
+            response.headers["WWW-Authenticate"] = auth.www_authenticate(flask.request.headers.get("Authorization"))
+        return response
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> flask.Response:

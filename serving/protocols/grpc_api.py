@@ -3,6 +3,8 @@
 Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
 Core (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
 with the workers exactly like REST does and no process ever holds a second copy of a model.
+`Gate`, a server interceptor, asks serving/protocols/auth.py about every call but the health service's, and
+writes the access log; --ssl_config_file puts the port behind TLS.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_management_pb2, model_pb2, predict_pb2, prediction_service_pb2_grpc,
                                      model_service_pb2_grpc)
 
-from serving.config import bind_address
+from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.core import DEFAULT_SIGNATURE, Code, Core, ServingError, SignatureInfo, invalid
+from serving.protocols import access_log, auth
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ HEALTH_WATCH_PERIOD_S = 0.2
 # Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
 GRPC_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
 ALL_CLASSES = 1 << 30
+OPEN_SERVICE = "/grpc.health.v1.Health/"  # probes need no token
+CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfigRequest"})  # need admin
 
 
 def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
@@ -257,24 +262,87 @@ class HealthService(health_pb2_grpc.HealthServicer):
             time.sleep(HEALTH_WATCH_PERIOD_S)
 
 
-def start(core: Core, host: str, port: int, max_message_bytes: int, channel_arguments: str) -> grpc.Server:
-    """Start the gRPC server on host:port (shared with sibling workers through SO_REUSEPORT)."""
+class Gate(grpc.ServerInterceptor):
+    """Every call but a health check passes auth first (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log,
+    every call leaves a line. Only unary calls are gated: TF Serving's services have no others."""
+
+    def __init__(self, authenticator: auth.Authenticator, log_requests: bool) -> None:
+        self.authenticator = authenticator
+        self.log_requests = log_requests
+
+    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE):
+            return handler
+        metadata = dict(details.invocation_metadata or ())
+        needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
+        behavior = handler.unary_unary
+
+        def gated(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                self.authenticator.check(metadata.get("authorization"), needs)
+            except ServingError as err:
+                context.abort(GRPC_STATUS[err.code], err.message)
+            return behavior(request, context)
+
+        call = self.logged(gated, details.method, metadata) if self.log_requests else gated
+        return grpc.unary_unary_rpc_method_handler(call, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)
+
+    @staticmethod
+    def logged(behavior: Callable[..., Any], method: str, metadata: dict[str, str]) -> Callable[..., Any]:
+        request_id = access_log.request_id(metadata.get(access_log.HEADER.lower()))
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            started, response = time.perf_counter(), None
+            context.send_initial_metadata(((access_log.HEADER.lower(), request_id),))
+            try:
+                response = behavior(request, context)
+                return response
+            finally:
+                spec = getattr(request, "model_spec", None)
+                version = spec.version.value if spec is not None and spec.HasField("version") else None
+                access_log.write(request_id=request_id, protocol="grpc", method="POST", path=method,
+                                 model=spec.name if spec is not None else None,
+                                 version=version or (spec.version_label if spec is not None else None) or None,
+                                 status=(context.code() or grpc.StatusCode.OK).name, bytes_in=request.ByteSize(),
+                                 bytes_out=response.ByteSize() if response is not None else 0,
+                                 remote=context.peer(), latency_ms=round(1000 * (time.perf_counter() - started), 3))
+        return call
+
+
+def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
+    """TF Serving's SSLConfig as gRPC credentials: with client_verify, a client without a certificate signed by
+    custom_ca fails the handshake."""
+    return grpc.ssl_server_credentials([(tls.server_key.encode(), tls.server_cert.encode())],
+                                       root_certificates=tls.custom_ca.encode() or None,
+                                       require_client_auth=tls.client_verify)
+
+
+def start(core: Core) -> grpc.Server:
+    """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT)."""
+    o: ServerOptions = core.options
     options = [("grpc.so_reuseport", 1),
-               ("grpc.max_receive_message_length", max_message_bytes),
-               ("grpc.max_send_message_length", max_message_bytes)]
-    options += parse_channel_arguments(channel_arguments)
+               ("grpc.max_receive_message_length", o.grpc_max_message_bytes),
+               ("grpc.max_send_message_length", o.grpc_max_message_bytes)]
+    options += parse_channel_arguments(o.grpc_channel_arguments)
+    if o.access_log:
+        access_log.enable()
+    gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="grpc"),
-                         options=options)
+                         options=options, interceptors=[gate])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
-    address = bind_address(host, port)
+    address = bind_address(o.host, o.port)
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_secure_port(address, server_credentials(o.tls)) if o.tls else
+                 server.add_insecure_port(address))
     except RuntimeError as exc:
         raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
     if not bound:
         raise OSError(f"cannot bind gRPC to {address}")
     server.start()
-    log.info("gRPC server started", extra={"fields": {"address": address, "max_message_bytes": max_message_bytes}})
+    log.info("gRPC server started", extra={"fields": {"address": address, "tls": bool(o.tls),
+                                                      "max_message_bytes": o.grpc_max_message_bytes}})
     return server

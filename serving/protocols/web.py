@@ -19,6 +19,10 @@ OPENAPI_URL = "/openapi.json"
 SWAGGER_CONFIG = {"app_name": "Petal API", "layout": "BaseLayout", "deepLinking": True, "validatorUrl": None}
 
 
+# The pages and the API docs: served without a token, since the page is what asks for one.
+BLUEPRINTS = frozenset({"web_ui", "api_docs"})
+
+
 def create_blueprint() -> flask.Blueprint:
     """The two pages and their assets (under /ui/)."""
     bp = flask.Blueprint("web_ui", __name__, static_folder="static", static_url_path=ASSETS_URL)
