@@ -1,4 +1,5 @@
-"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes and metrics, over one Core.
+"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics and the OpenAPI
+contract (`openapi`), over one Core.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
@@ -11,7 +12,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Core, ServingError
-from serving.protocols import kserve, rest
+from serving.protocols import kserve, openapi, rest
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class NormalizeV1Paths:
 def create_app(core: Core) -> flask.Flask:
     app = flask.Flask("petal")
     app.config["MAX_CONTENT_LENGTH"] = core.options.max_request_bytes
-    app.url_map.converters.update(verb=rest.VerbConverter, segment=rest.SegmentConverter)
+    app.url_map.converters.update(segment=rest.SegmentConverter)
     app.wsgi_app = NormalizeV1Paths(app.wsgi_app)
 
     @app.errorhandler(ServingError)
@@ -70,4 +71,5 @@ def create_app(core: Core) -> flask.Flask:
 
     app.register_blueprint(rest.create_blueprint(core))
     app.register_blueprint(kserve.create_blueprint(core))
+    app.register_blueprint(openapi.create_blueprint(core.options.metrics_path))
     return app
