@@ -673,6 +673,7 @@ V2_ERRORS = [
     ("input without a name", {"json": {"inputs": [bytes_spec(name=None)]}}, 400,
      "Input None needs a 'name', a 'datatype' and a non-negative integer 'shape'$"),
     ("negative shape", {"json": {"inputs": [bytes_spec(shape=[-1])]}}, 400, "non-negative integer 'shape'"),
+    ("shape of booleans", {"json": {"inputs": [bytes_spec(shape=[True])]}}, 400, "non-negative integer 'shape'"),
     ("unsupported datatype", {"json": {"inputs": [bytes_spec(datatype="COMPLEX")]}}, 400,
      "Input 'image_bytes': unsupported datatype 'COMPLEX'$"),
     ("wrong datatype for the signature", {"json": {"inputs": [bytes_spec(datatype="FP32", data=[1.5])]}}, 400,
@@ -702,6 +703,11 @@ V2_ERRORS = [
         {"name": "probabilities", "parameters": {"classification": -1}}]}}, 400, "classification needs a positive"),
     ("classification a string", {"json": {"inputs": [bytes_spec()], "outputs": [
         {"name": "probabilities", "parameters": {"classification": "2"}}]}}, 400, "classification needs a positive"),
+    ("classification true", {"json": {"inputs": [bytes_spec()], "outputs": [
+        {"name": "probabilities", "parameters": {"classification": True}}]}}, 400, "classification needs a positive"),
+    ("binary_data_size true", binary_request(
+        {"inputs": [{**BIN_HEADER["inputs"][0], "parameters": {"binary_data_size": True}}]}, length_prefixed(JPEG)),
+     400, "Input 'image_bytes': binary_data_size True exceeds the binary data sent$"),
     ("request parameters a list", {"json": {"inputs": [bytes_spec()], "parameters": [1]}}, 400,
      "The request's 'parameters' must be an object, got list$"),
     ("header length past the body", binary_request(BIN_HEADER, length_prefixed(JPEG), "999999"), 400,
@@ -881,6 +887,12 @@ def invalid_message(function, *args) -> str:
         function(*args)
     assert info.value.code is Code.INVALID_ARGUMENT and info.value.code.http_status == 400
     return info.value.message
+
+
+@pytest.mark.parametrize("value, expected", [(0, True), (-3, True), (2 ** 70, True), (True, False), (False, False),
+                                             (1.0, False), ("1", False), (None, False)])
+def test_is_json_int(value, expected):
+    assert httputil.is_json_int(value) is expected
 
 
 @pytest.mark.parametrize("text, version", [(None, None), ("12", 12), ("007", 7)])
