@@ -2,11 +2,13 @@
 /openapi.json: positive and negative cases for every operation, checking that no answer is a 5xx and that each
 one's status code, content type, headers and body are the ones the contract documents for that operation.
 
-The contract's examples (a real JPEG in each body, the model "flowers", version 1, label "stable") let positive
-cases reach a 200; the image/* and octet-stream bodies of :classify_image and of V2's binary extension are drawn
-from real JPEGs, broken ones and noise, so both the happy path and the image decoder's errors are exercised.
-Bounded to a few minutes on two cores: a fixed seed, derandomized, max_examples per operation and phase, no
-shrinking, no example database. tests/test_http_inprocess.py checks that the contract and the URL rules agree.
+The contract's examples (a real JPEG in each body, the model "flowers", version 1, label "stable") let cases
+reach a 200: the examples phase sends them as they are, and two hooks give half the fuzzed cases the served names
+and half the fuzzed JSON bodies real tensors, so generated parameters and outputs meet a real prediction. The
+image/* and octet-stream bodies are drawn from real JPEGs, truncated ones and noise, so both the happy path and
+the image decoder's errors are exercised. Bounded (about half a minute on two cores): a fixed seed, derandomized,
+max_examples per operation and phase, no shrinking, no example database, a per-request timeout.
+tests/test_http_inprocess.py checks that the served contract and the URL rules agree.
 """
 from __future__ import annotations
 
