@@ -9,20 +9,24 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import itertools
 import json
+import re
 import struct
 import time
 import zlib
 
 import numpy as np
 import pytest
+from openapi_spec_validator import validate as validate_openapi
 from server_harness import LABELS, b64, tiny_model_base
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from serving.config import ServerOptions
 from serving.core import Code, Core, ServingError
-from serving.protocols import httputil
+from serving.protocols import httputil, web
 from serving.protocols.app import create_app
+from serving.protocols.openapi import contract
 from serving.protocols.rest import predict_response, to_json
 from training.synth import CLASSES, render
 
@@ -669,6 +673,7 @@ V2_ERRORS = [
     ("input without a name", {"json": {"inputs": [bytes_spec(name=None)]}}, 400,
      "Input None needs a 'name', a 'datatype' and a non-negative integer 'shape'$"),
     ("negative shape", {"json": {"inputs": [bytes_spec(shape=[-1])]}}, 400, "non-negative integer 'shape'"),
+    ("shape of booleans", {"json": {"inputs": [bytes_spec(shape=[True])]}}, 400, "non-negative integer 'shape'"),
     ("unsupported datatype", {"json": {"inputs": [bytes_spec(datatype="COMPLEX")]}}, 400,
      "Input 'image_bytes': unsupported datatype 'COMPLEX'$"),
     ("wrong datatype for the signature", {"json": {"inputs": [bytes_spec(datatype="FP32", data=[1.5])]}}, 400,
@@ -698,6 +703,11 @@ V2_ERRORS = [
         {"name": "probabilities", "parameters": {"classification": -1}}]}}, 400, "classification needs a positive"),
     ("classification a string", {"json": {"inputs": [bytes_spec()], "outputs": [
         {"name": "probabilities", "parameters": {"classification": "2"}}]}}, 400, "classification needs a positive"),
+    ("classification true", {"json": {"inputs": [bytes_spec()], "outputs": [
+        {"name": "probabilities", "parameters": {"classification": True}}]}}, 400, "classification needs a positive"),
+    ("binary_data_size true", binary_request(
+        {"inputs": [{**BIN_HEADER["inputs"][0], "parameters": {"binary_data_size": True}}]}, length_prefixed(JPEG)),
+     400, "Input 'image_bytes': binary_data_size True exceeds the binary data sent$"),
     ("request parameters a list", {"json": {"inputs": [bytes_spec()], "parameters": [1]}}, 400,
      "The request's 'parameters' must be an object, got list$"),
     ("header length past the body", binary_request(BIN_HEADER, length_prefixed(JPEG), "999999"), 400,
@@ -798,6 +808,70 @@ def test_unknown_paths_get_json_errors(client, method, path, status, message):
     assert_error(send(client, method, path, {}), status, message)
 
 
+# --- the OpenAPI contract -------------------------------------------------------------------------------------
+
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+_RULE_ARGUMENT = re.compile(r"<(?:(\w+)(?:\(([^)]*)\))?:)?\w+>")
+# The /v1 catch-all answers every path no operation matches with 400 "Malformed request": an error path, which
+# the contract states in its description rather than as an operation. The web UI's pages and assets are for
+# people, not an API.
+UNDOCUMENTED_ENDPOINTS = {"static", "tfserving_v1.malformed"}
+UNDOCUMENTED_BLUEPRINTS = web.BLUEPRINTS
+
+
+def rule_templates(rule: str) -> set[str]:
+    """A werkzeug rule as OpenAPI path templates with unnamed parameters, one per value of an `any` converter."""
+    pieces = _RULE_ARGUMENT.split(rule)  # text, converter, converter arguments, text, ...
+    choices = []
+    for i in range(0, len(pieces), 3):
+        choices.append([pieces[i]])
+        if i + 1 < len(pieces):
+            converter, arguments = pieces[i + 1], pieces[i + 2]
+            choices.append([a.strip() for a in arguments.split(",")] if converter == "any" else ["{}"])
+    return {"".join(parts) for parts in itertools.product(*choices)}
+
+
+def operations_served(app) -> set[tuple[str, str]]:
+    return {(template, method.lower()) for rule in app.url_map.iter_rules()
+            if rule.endpoint not in UNDOCUMENTED_ENDPOINTS and rule.endpoint.split(".")[0] not in UNDOCUMENTED_BLUEPRINTS
+            for template in rule_templates(rule.rule) for method in rule.methods - {"HEAD", "OPTIONS"}}
+
+
+def operations_documented(document: dict) -> set[tuple[str, str]]:
+    return {(re.sub(r"\{[^}]*\}", "{}", path), method) for path, item in document["paths"].items()
+            for method in item if method in HTTP_METHODS}
+
+
+@pytest.mark.parametrize("rule, templates", [
+    ("/healthz", {"/healthz"}), ("/v2/models/<model>/versions/<version>", {"/v2/models/{}/versions/{}"}),
+    ("/v1/models/<segment:name>:<any(predict, classify_image):verb>",
+     {"/v1/models/{}:predict", "/v1/models/{}:classify_image"}),
+])
+def test_rule_templates(rule, templates):
+    assert rule_templates(rule) == templates
+
+
+@pytest.mark.parametrize("metrics_path", ["/monitoring/prometheus/metrics", "/metrics", None])
+def test_openapi_contract_is_a_valid_openapi_3_1_document(metrics_path):
+    document = contract(metrics_path)
+    validate_openapi(document)
+    assert document["openapi"].startswith("3.1.") and document["info"]["version"] != "0.0.0"
+    assert [p for p in document["paths"] if "metrics" in p] == ([metrics_path] if metrics_path else [])
+
+
+def test_openapi_contract_describes_every_url_rule_and_nothing_else(client, core):
+    """The drift guard: a route added, removed or renamed without the contract (or the other way) fails here."""
+    served = operations_served(client.application)
+    documented = operations_documented(contract(core.options.metrics_path))
+    assert served - documented == set(), "routes the contract does not describe"
+    assert documented - served == set(), "operations the contract describes that no route serves"
+    assert len(served) > 30
+
+
+def test_openapi_json_is_served(client, core):
+    assert ok_json(client.get("/openapi.json")) == contract(core.options.metrics_path)
+
+
 # --- the HTTP helpers in isolation ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, value", [
@@ -815,6 +889,12 @@ def invalid_message(function, *args) -> str:
         function(*args)
     assert info.value.code is Code.INVALID_ARGUMENT and info.value.code.http_status == 400
     return info.value.message
+
+
+@pytest.mark.parametrize("value, expected", [(0, True), (-3, True), (2 ** 70, True), (True, False), (False, False),
+                                             (1.0, False), ("1", False), (None, False)])
+def test_is_json_int(value, expected):
+    assert httputil.is_json_int(value) is expected
 
 
 @pytest.mark.parametrize("text, version", [(None, None), ("12", 12), ("007", 7)])

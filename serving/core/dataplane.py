@@ -167,7 +167,8 @@ class Core:
         if not batched:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
         rows = next(iter(arrays.values())).shape[0]
-        return arrays, True, sum((p.reshape(rows, -1).sum(axis=1) for p in pixels), np.zeros(rows, np.int64))
+        per_row = (p.reshape(rows, int(np.prod(p.shape[1:]))).sum(axis=1) for p in pixels)  # rows may be 0
+        return arrays, True, sum(per_row, np.zeros(rows, np.int64))
 
     # --- model management --------------------------------------------------------------------------------------
 

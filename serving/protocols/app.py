@@ -1,5 +1,5 @@
-"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics and the web UI, over
-one Core.
+"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics, the OpenAPI
+contract (`openapi`) and the web UI, over one Core.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
@@ -15,12 +15,14 @@ from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Code, Core, ServingError
-from serving.protocols import access_log, auth, kserve, rest, web
+from serving.protocols import access_log, auth, kserve, openapi, rest, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
 # Routes that orchestrators probe without credentials: liveness and readiness, Petal's and KServe V2's.
 PROBE_ENDPOINTS = frozenset({"healthz", "readyz", "kserve_v2.live", "kserve_v2.ready"})
+# The web pages, the API docs and the contract they render load without a token: the page is what asks for one.
+OPEN_BLUEPRINTS = web.BLUEPRINTS | {"openapi"}
 
 # What a browser page on another origin may send and read: a bearer token and JSON or image bodies (V2's binary
 # extension and gzip included) in, the error body's retry and authentication hints out.
@@ -61,7 +63,7 @@ def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
 def create_app(core: Core) -> flask.Flask:
     app = flask.Flask("petal")
     app.config["MAX_CONTENT_LENGTH"] = core.options.max_request_bytes
-    app.url_map.converters.update(verb=rest.VerbConverter, segment=rest.SegmentConverter)
+    app.url_map.converters.update(segment=rest.SegmentConverter)
     app.wsgi_app = NormalizeV1Paths(app.wsgi_app)
 
     authenticator = auth.Authenticator(core.options.tokens, core.options.enable_model_control)
@@ -93,7 +95,7 @@ def create_app(core: Core) -> flask.Flask:
         carries one; everything they call is checked."""
         request = flask.request
         if not authenticator.required or request.method == "OPTIONS" or request.endpoint in open_endpoints \
-                or (request.blueprint or "") in web.BLUEPRINTS:
+                or (request.blueprint or "") in OPEN_BLUEPRINTS:
             return
         authenticator.check(request.headers.get("Authorization"), auth.PREDICT)
 
@@ -143,6 +145,7 @@ def create_app(core: Core) -> flask.Flask:
 
     app.register_blueprint(rest.create_blueprint(core))
     app.register_blueprint(kserve.create_blueprint(core))
+    app.register_blueprint(openapi.create_blueprint(core.options.metrics_path))
     if not core.options.disable_web_ui:
         app.register_blueprint(web.create_blueprint())
         app.register_blueprint(web.create_docs_blueprint())

@@ -66,6 +66,11 @@ def ascii_int(text: str | None) -> int | None:
     return int(text)
 
 
+def is_json_int(value: object) -> bool:
+    """Whether a parsed JSON value is an integer: JSON true and false are not, though Python's bools are ints."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_version(text: str | None) -> int | None:
     """A /versions/N path segment; None when the path names no version."""
     if text is None:

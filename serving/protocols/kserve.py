@@ -17,8 +17,8 @@ import flask
 import numpy as np
 
 from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Code, Core, ServingError, invalid
-from serving.protocols.httputil import (ascii_int, b64decode, object_field, parse_json, parse_version,
-                              request_body, string_field)
+from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
+                                        parse_version, request_body, string_field)
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -72,8 +72,7 @@ def flatten(data: Any) -> list[Any]:
 def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default: bool) -> tuple[np.ndarray, int]:
     """One V2 input as a numpy array; returns the new offset into the binary tail."""
     name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
-    if not isinstance(name, str) or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0
-                                                                          for d in shape):
+    if not isinstance(name, str) or not isinstance(shape, list) or not all(is_json_int(d) and d >= 0 for d in shape):
         raise invalid(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
     if datatype != "BYTES" and datatype not in NUMPY_TYPES:
         raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
@@ -81,7 +80,7 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
     count = math.prod(shape)  # exact: numpy's int64 product wraps for huge shapes
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
-        if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+        if not is_json_int(size) or size < 0 or offset + size > len(tail):
             raise invalid(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
         raw, offset = tail[offset:offset + size], offset + size
         if datatype == "BYTES":
@@ -253,7 +252,7 @@ def create_blueprint(core: Core) -> flask.Blueprint:
             array = result.outputs[out["name"]]
             count = out_params.get("classification", 0)
             if count:
-                if not isinstance(count, int) or count < 0 or datatype_of(array) == "BYTES":
+                if not is_json_int(count) or count < 0 or datatype_of(array) == "BYTES":
                     raise invalid(f"Output {out['name']!r}: classification needs a positive integer on a "
                                   "numeric output")
                 array = classification(array, count, result.labels)

@@ -2,8 +2,9 @@
 
 TF Serving matches its paths case-insensitively and puts the verb after a colon (`/v1/models/m:predict`). Flask's
 routing is case-sensitive, so `normalize_v1_path` lower-cases the fixed words of a /v1 path (never the model
-name or label) before routing, and the `verb` converter matches what follows the colon. Any other /v1 path gets
-TF Serving's 400 "Malformed request" rather than a generic 404.
+name or label) before routing, and werkzeug's `any` converter matches the known verbs after the colon, so the URL
+map itself lists every operation (the OpenAPI contract test reads it). Any other /v1 path gets TF Serving's 400
+"Malformed request" rather than a generic 404.
 """
 from __future__ import annotations
 
@@ -167,11 +168,6 @@ def normalize_v1_path(path: str) -> str:
     return "/".join(parts)
 
 
-class VerbConverter(BaseConverter):
-    """The `:verb` suffix (letters and underscores); which verbs exist is the blueprint's business."""
-    regex = "[a-z_]+"
-
-
 class SegmentConverter(BaseConverter):
     """A model name or label: one path segment, without the colon that starts the verb."""
     regex = "[^/:]+"
@@ -266,15 +262,13 @@ def create_blueprint(core: Core) -> flask.Blueprint:
         "predict": predict, "classify": classify, "regress": regress, "classify_image": classify_image}
 
     def run_verb(name: str, verb: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        handler = verbs.get(verb)
-        if handler is None:
-            raise malformed()
-        return handler(name, parse_version(version), label, time.monotonic() + timeout)
+        return verbs[verb](name, parse_version(version), label, time.monotonic() + timeout)
 
+    verb_rule = f":<any({', '.join(verbs)}):verb>"
     for kind, rule in spec_rules.items():
         bp.add_url_rule(rule, f"status_{kind}", status, methods=["GET"])
         bp.add_url_rule(rule + "/metadata", f"metadata_{kind}", metadata, methods=["GET"])
-        bp.add_url_rule(rule + ":<verb:verb>", f"verb_{kind}", run_verb, methods=["POST"])
+        bp.add_url_rule(rule + verb_rule, f"verb_{kind}", run_verb, methods=["POST"])
     bp.add_url_rule("/<path:anything>", "malformed", _raise_malformed, methods=["GET", "POST", "PUT", "DELETE",
                                                                                    "PATCH"])
     return bp

@@ -19,7 +19,7 @@ OPENAPI_URL = "/openapi.json"
 SWAGGER_CONFIG = {"app_name": "Petal API", "layout": "BaseLayout", "deepLinking": True, "validatorUrl": None}
 
 
-# The pages and the API docs: served without a token, since the page is what asks for one.
+# The pages and the API docs (serving/protocols/app.py lets them load without a token).
 BLUEPRINTS = frozenset({"web_ui", "api_docs"})
 
 
