@@ -107,7 +107,7 @@ def check_readiness_waits_for_warmup(server) -> None:
 def test_hot_reload_under_load_loses_nothing(lifecycle):
     server, base = lifecycle
     old = newest_available(server.rest_url)
-    seen, predicted, failures, stop = [], [], [], threading.Event()
+    seen, predicted, failures, stop = [[], [], []], [], [], threading.Event()
 
     def client(send, record):
         while not stop.is_set():
@@ -116,8 +116,8 @@ def test_hot_reload_under_load_loses_nothing(lifecycle):
                 record(response.json())
             else:
                 failures.append((response.url, response.text))
-    threads = [threading.Thread(target=client, args=(classify, lambda body: seen.append(body["version"])))
-               for _ in range(3)]
+    threads = [threading.Thread(target=client, args=(classify, lambda body, mine=mine: mine.append(body["version"])))
+               for mine in seen]
     threads += [threading.Thread(target=client, args=(predict, predicted.append)) for _ in range(2)]
     for t in threads:
         t.start()
@@ -130,7 +130,10 @@ def test_hot_reload_under_load_loses_nothing(lifecycle):
         t.join()
     assert failures == []
     assert predicted and all(len(body["predictions"]) == 1 for body in predicted)
-    assert seen[0] == old and seen[-1] == old + 1 and sorted(seen) == seen, "the version switches once"
+    # Each client's requests follow one another, so each sees the version switch once and never back; across
+    # clients, a request still in flight on the old version may finish after another's first answer from the new.
+    for mine in seen:
+        assert mine[0] == old and mine[-1] == old + 1 and sorted(mine) == mine, "the version switches once"
 
 
 def test_broken_version_is_reported_and_service_continues(lifecycle):
