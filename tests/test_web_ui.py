@@ -338,3 +338,27 @@ def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, serve
         assert page.evaluate(CROSS_ORIGIN_CLASSIFY, [url, list(ROSE)]) == answer
     finally:
         context.close()
+
+
+def test_a_server_with_tokens_serves_the_page_which_asks_for_one_and_classifies(browser, tmp_path):
+    """The real --auth_token_file path: the page and its assets load without a token, the API answers 401 until
+    the page sends the token it asked for, and a classification then works."""
+    token = "page-token-0123456789abcdef"
+    (tmp_path / "tokens").write_text(f"{token}\n")
+    with run_server("--port=0", f"--auth_token_file={tmp_path / 'tokens'}") as secured:
+        assert post(secured.rest_url + "/v1/models/flowers:classify_image", ROSE, "image/jpeg")[0] == 401
+        page = open_page(browser, secured.rest_url)
+        try:
+            page.goto(secured.rest_url + "/")
+            page.locator("#token-form").wait_for()
+            page.get_by_label("API token").fill(token)
+            page.get_by_role("button", name="Use token").click()
+            page.wait_for_function("document.querySelector('#model').options.length > 0")
+            choose_photo(page, "rose.jpg", ROSE, "image/jpeg")
+            labels = bars(page)
+            assert len(labels) == 5 and labels[0][0] == "roses"
+            assert page.evaluate("sessionStorage.getItem('petal.token')") == token
+            assert page.evaluate("localStorage.length") == 0
+            assert not page.petal_errors
+        finally:
+            page.context.close()
