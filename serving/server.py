@@ -80,7 +80,7 @@ def _child_exit(server, worker) -> None:
 
 def write_key_pair(tls: TLSOptions, folder: str) -> tuple[str, str]:
     """The REST port's certificate and key as files, which Python's ssl needs (the workers load them, also when
-    gunicorn restarts one): readable by this user alone, in a private folder that `main` removes at exit."""
+    gunicorn restarts one): readable by this user alone, in the private folder that `main` removes at exit."""
     paths = []
     for name, text in (("server_cert.pem", tls.server_cert), ("server_key.pem", tls.server_key)):
         path = os.path.join(folder, name)
@@ -152,30 +152,26 @@ def main(argv: list[str]) -> int:
     web_ui = "" if options.disable_web_ui else f"; web UI: open {page}/"
     print(f"petal serve: {models}; REST on {rest}{grpc}; ready when /readyz answers 200{web_ui}",
           file=sys.stderr, flush=True)
-    tls_dir, tls_files = "", None
-    if options.tls:
-        from serving.gevent_worker import tls_context
-
-        tls_dir = tempfile.mkdtemp(prefix="petal-tls-")  # mode 0700
-        tls_files = write_key_pair(options.tls, tls_dir)
-        try:
-            tls_context(options.tls, *tls_files)  # a bad key or certificate fails here, once, not in every worker
-        except (OSError, ValueError) as error:
-            shutil.rmtree(tls_dir, ignore_errors=True)
-            print(f"petal serve: --ssl_config_file {options.ssl_config_file}: {error}", file=sys.stderr)
-            return 2
-    shared = ""
-    if options.workers > 1:
-        # What the workers share: a reload RPC's config for all of them, and prometheus_client's per-process
-        # files, so /monitoring/prometheus/metrics shows the same totals whichever worker answers.
-        shared = tempfile.mkdtemp(prefix="petal-workers-")
-        options.reload_dir = shared
-        metrics.prepare_multiprocess(os.path.join(shared, "metrics"))
+    # Files only this server reads: the REST port's key pair, and what several workers share (a reload RPC's
+    # config, prometheus_client's per-process metrics). mkdtemp's folder is private (mode 0700).
+    runtime = tempfile.mkdtemp(prefix="petal-serve-")
     try:
+        tls_files = None
+        if options.tls:
+            from serving.gevent_worker import tls_context
+
+            tls_files = write_key_pair(options.tls, runtime)
+            try:
+                tls_context(options.tls, *tls_files)  # a bad key or certificate fails here, once, not per worker
+            except (OSError, ValueError) as error:
+                print(f"petal serve: --ssl_config_file {options.ssl_config_file}: {error}", file=sys.stderr)
+                return 2
+        if options.workers > 1:
+            options.reload_dir = runtime
+            metrics.prepare_multiprocess(os.path.join(runtime, "metrics"))
         PetalApplication(options, tls_files).run()
     finally:
-        for folder in filter(None, (shared, tls_dir)):
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
     return 0
 
 

@@ -84,7 +84,7 @@ def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> No
 
 
 def _watch_config(core: Core, path: str, seconds: float, last: bytes) -> None:
-    """Re-read a config file; a broken or missing one is logged (once per change) and the running config kept."""
+    """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one (once)."""
     stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
     while not core.shutting_down and not stop.wait(seconds):
         if not os.path.exists(path) and not last:
