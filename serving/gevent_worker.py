@@ -37,6 +37,7 @@ from serving.config import TLSOptions
 logger = logging.getLogger(__name__)
 
 MIN_BODY_RATE = 64 * 1024  # bytes/s; each such chunk received buys one more second of body time
+COALESCE_LIMIT = 64 * 1024  # a larger first body write goes after the header block rather than being copied
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 
@@ -66,12 +67,18 @@ def tls_context(tls: TLSOptions, cert_path: str, key_path: str) -> gssl.SSLConte
 
 
 class DeadlineSocket:
-    """A client socket whose reads fail once the current request's headers or body are overdue."""
-    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s")
+    """A client socket whose reads fail once the current request's headers or body are overdue, and which sends a
+    response's header block together with the first piece of its body.
+
+    gunicorn writes the header block and the body separately. Each send releases the GIL, and getting it back on a
+    busy worker means waiting for a batch thread's Python, so one write instead of two is a wait fewer per request
+    (and one packet instead of two)."""
+    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held")
 
     def __init__(self, sock, header_s: float, body_s: float):
         self._sock = sock
         self._header_s, self._body_s = header_s, body_s
+        self._hold, self._held = False, b""
         self.idle()
 
     def __getattr__(self, name: str):
@@ -82,7 +89,36 @@ class DeadlineSocket:
         self._phase, self._deadline = "headers", None
 
     def start_body(self) -> None:
+        """A request's headers have arrived: its body is next, and the response's first write is its header block."""
         self._phase, self._deadline = "body", time.monotonic() + self._body_s
+        self._hold = True
+
+    def sendall(self, data, *flags) -> None:
+        if self._hold:
+            self._hold, self._held = False, bytes(data)
+            return
+        if self._held:
+            held, self._held = self._held, b""
+            if len(data) <= COALESCE_LIMIT:
+                data = held + data
+            else:
+                self._sock.sendall(held)
+        self._sock.sendall(data, *flags)
+
+    def sendfile(self, *args, **kwargs):
+        self.flush()
+        return self._sock.sendfile(*args, **kwargs)
+
+    def flush(self) -> None:
+        """The response is complete: send what is held (the header block of a response without a body)."""
+        self._hold = False
+        if self._held:
+            held, self._held = self._held, b""
+            self._sock.sendall(held)
+
+    def discard(self) -> None:
+        """The response failed before its body: gunicorn answers with an error or closes instead."""
+        self._hold, self._held = False, b""
 
     def recv(self, size: int, *flags) -> bytes:
         if self._deadline is None:
@@ -166,6 +202,14 @@ class PetalGeventWorker(GeventWorker):
     def handle_request(self, listener_name, req, sock, addr):
         sock.start_body()
         try:
-            return super().handle_request(listener_name, req, sock, addr)
+            keepalive = super().handle_request(listener_name, req, sock, addr)
+        except StopIteration:  # gunicorn's way of saying the response is complete and the connection closes
+            sock.flush()
+            raise
+        except BaseException:
+            sock.discard()
+            raise
         finally:
             sock.idle()
+        sock.flush()
+        return keepalive

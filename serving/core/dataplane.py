@@ -7,6 +7,7 @@ requests from every protocol batch together on one model copy.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Union
@@ -167,7 +168,7 @@ class Core:
         if not batched:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
         rows = next(iter(arrays.values())).shape[0]
-        per_row = (p.reshape(rows, int(np.prod(p.shape[1:]))).sum(axis=1) for p in pixels)  # rows may be 0
+        per_row = (p.reshape(rows, math.prod(p.shape[1:])).sum(axis=1) for p in pixels)  # rows may be 0
         return arrays, True, sum(per_row, np.zeros(rows, np.int64))
 
     # --- model management --------------------------------------------------------------------------------------
