@@ -1,5 +1,7 @@
 # Fresh-machine entry points: `make serve` and `make test` create .venv when it is missing and install into it.
 VENV ?= .venv
+# Test processes (pytest-xdist): the cores, at most 4. Each starts TensorFlow servers of about 600 MB.
+TEST_WORKERS ?= $(shell python3 -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.petal-installed
 
@@ -16,6 +18,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 .PHONY: install serve test

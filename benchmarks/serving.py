@@ -6,7 +6,7 @@
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
 2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
    images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
-   under Petal's one intra-op and one inter-op thread per caller), and its fastest single-image latency.
+   under Petal's one intra-op thread per caller), and its fastest single-image latency.
 3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
    (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
    binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end) and the baseline
@@ -303,10 +303,10 @@ def health_requests(protocol: str, port: int, pid: int) -> Requests:
 
 # --- the in-process limit -------------------------------------------------------------------------------------
 
-# TensorFlow's own thread pools, and Petal's split (one intra-op and one inter-op thread per caller on a machine with
-# as many cores as callers): the limit is the better of the two, so a server tuned like Petal is not flattered by a
-# limit that is not.
-THREAD_SETTINGS = {"TensorFlow's default threads": 0, "1 intra-op and 1 inter-op thread per caller": 1}
+# TensorFlow's own thread pools, and Petal's split (one intra-op thread per caller on a machine with as many cores
+# as callers): the limit is the better of the two, so a server tuned like Petal is not flattered by a limit that
+# is not.
+THREAD_SETTINGS = {"TensorFlow's default threads": 0, "1 intra-op thread per caller": 1}
 
 
 @dataclasses.dataclass
@@ -347,7 +347,6 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
 
     if intra:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(intra)
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]
     best = Limit(0.0, 1, 1, 0.0, 0.0)
     for size in LIMIT_BATCH_SIZES:

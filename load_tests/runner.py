@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from load_tests import sweep
-from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
+from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from load_tests.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
     read_locust_stats
 

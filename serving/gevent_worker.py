@@ -88,6 +88,15 @@ class DeadlineSocket:
         """Between requests only gunicorn's keepalive applies; the header clock starts at the next first byte."""
         self._phase, self._deadline = "headers", None
 
+    def close_if_idle(self) -> None:
+        """End a keep-alive connection that waits for a next request none of which has arrived: gunicorn's handler
+        then sees the end of input and finishes, instead of holding the worker's drain for --graceful_timeout."""
+        if self._deadline is None and self._phase == "headers":
+            try:
+                self._sock.shutdown(gsocket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def start_body(self) -> None:
         """A request's headers have arrived: its body is next, and the response's first write is its header block."""
         self._phase, self._deadline = "body", time.monotonic() + self._body_s
@@ -158,6 +167,7 @@ class PetalGeventWorker(GeventWorker):
         self.sockets = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
         threads.serve_on_gevent_loop(self.petal_os_threads)
         self._open = 0
+        self._clients: set[DeadlineSocket] = set()
         self._tls = tls_context(*self.petal_tls) if self.petal_tls else None
 
     def handle(self, listener, client, addr) -> None:
@@ -171,10 +181,20 @@ class PetalGeventWorker(GeventWorker):
                 client = self.handshake(client, addr)
                 if client is None:
                     return
-            super().handle(listener, DeadlineSocket(client, self.petal_header_timeout, self.petal_body_timeout),
-                           addr)
+            sock = DeadlineSocket(client, self.petal_header_timeout, self.petal_body_timeout)
+            self._clients.add(sock)
+            try:
+                super().handle(listener, sock, addr)
+            finally:
+                self._clients.discard(sock)
         finally:
             self._open -= 1
+
+    def handle_exit(self, sig, frame) -> None:
+        """SIGTERM: requests in flight finish (their connections then close), idle keep-alive connections close now."""
+        super().handle_exit(sig, frame)
+        for sock in list(self._clients):
+            sock.close_if_idle()
 
     def refuse(self, client) -> None:
         """503 in plain HTTP; a TLS client is only closed, since answering it would first cost a handshake, the

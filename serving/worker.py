@@ -33,22 +33,20 @@ def current() -> Core:
     return _current
 
 
-def tensorflow_threads(options: ServerOptions, cores: int) -> tuple[int, int]:
+def intra_op_threads(options: ServerOptions, cores: int) -> int:
     """Split the cores between everything that runs the model at once: each worker's batch threads (or, without
-    batching, the worker itself). Pools per caller as large as the machine only spin and hand work between
-    threads: for the default model on 480x360 photos, one intra-op thread per batch thread gave 1.2-1.3x the
-    images/s of TensorFlow's default at 0.9x the CPU, and an inter-op pool of the same split another 1.15x at 0.9x
-    the CPU again (benchmarks/serving.py, 2 cores). Returns the (intra-op, inter-op) pool sizes; the flags win."""
+    batching, the worker itself). A pool per caller as large as the machine only spins: for the default model,
+    one intra-op thread per batch thread gives 1.2-1.3x the images/s of TensorFlow's default on photos at 0.9x
+    the CPU."""
     callers = options.workers * (options.batching.num_batch_threads if options.enable_batching else 1)
-    split = max(1, cores // callers)
-    return options.tensorflow_intra_op_parallelism or split, options.tensorflow_inter_op_parallelism or split
+    return options.tensorflow_intra_op_parallelism or max(1, cores // callers)
 
 
 def _configure_tensorflow(options: ServerOptions) -> None:
-    intra, inter = tensorflow_threads(options, available_cores())
+    cores = available_cores()
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(options, cores))
+        tf.config.threading.set_inter_op_parallelism_threads(options.tensorflow_inter_op_parallelism or cores)
     except RuntimeError:
         logger.warning("TensorFlow was already initialised; thread settings unchanged")
 

@@ -8,7 +8,7 @@ import pytest
 
 from serving.config import BatchingOptions
 from serving.config import ServerOptions
-from serving.worker import tensorflow_threads
+from serving.worker import intra_op_threads
 from serving.cpus import available_cores, cgroup_cpu_quota
 
 
@@ -47,20 +47,18 @@ def options(**changes) -> ServerOptions:
     return dataclasses.replace(ServerOptions(), **changes)
 
 
-def test_both_pools_split_the_cores_between_batch_threads_and_workers():
+def test_intra_op_threads_split_the_cores_between_batch_threads_and_workers():
     two_threads = BatchingOptions(num_batch_threads=2)
-    assert tensorflow_threads(options(batching=two_threads), cores=2) == (1, 1)
-    assert tensorflow_threads(options(batching=two_threads), cores=16) == (8, 8)
-    assert tensorflow_threads(options(batching=two_threads, workers=2), cores=16) == (4, 4)
-    assert tensorflow_threads(options(batching=BatchingOptions(num_batch_threads=32)), cores=16) == (1, 1)
+    assert intra_op_threads(options(batching=two_threads), cores=2) == 1
+    assert intra_op_threads(options(batching=two_threads), cores=16) == 8
+    assert intra_op_threads(options(batching=two_threads, workers=2), cores=16) == 4
+    assert intra_op_threads(options(batching=BatchingOptions(num_batch_threads=32)), cores=16) == 1
 
 
 def test_without_batching_each_worker_is_one_caller():
-    assert tensorflow_threads(options(enable_batching=False), cores=16) == (16, 16)
-    assert tensorflow_threads(options(enable_batching=False, workers=4), cores=16) == (4, 4)
+    assert intra_op_threads(options(enable_batching=False), cores=16) == 16
+    assert intra_op_threads(options(enable_batching=False, workers=4), cores=16) == 4
 
 
-def test_the_flags_win():
-    alone = options(enable_batching=False)
-    assert tensorflow_threads(dataclasses.replace(alone, tensorflow_intra_op_parallelism=3), cores=16) == (3, 16)
-    assert tensorflow_threads(dataclasses.replace(alone, tensorflow_inter_op_parallelism=5), cores=16) == (16, 5)
+def test_the_flag_wins():
+    assert intra_op_threads(options(tensorflow_intra_op_parallelism=3), cores=16) == 3

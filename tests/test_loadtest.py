@@ -132,7 +132,7 @@ def corpus(tmp_path_factory) -> Path:
 def test_smoke_run_starts_the_server_and_meets_the_shipped_slo(model_base, tmp_path):
     report = tmp_path / "report"
     result = petal_loadtest("--start-server", "--model_base_path", str(model_base), "--users", "4",
-                            "--run-time", "20s", "--report_dir", str(report))
+                            "--run-time", "8s", "--report_dir", str(report))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "loadtest passed" in result.stdout
     summary = json.loads((report / "summary.json").read_text())

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from serving.config import ServerOptions, parse_args
-from serving.worker import tensorflow_threads
+from serving.worker import intra_op_threads
 from serving.cpus import available_cores
 from serving.memory import BYTES_PER_PIXEL, available_memory, default_pixel_budget
 
@@ -232,7 +232,7 @@ def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
     (tmp_path / "cpu.max").write_text(f"{int(cpu_cores(limits['cpu']) * 100_000)} 100000\n")  # the pod's cgroup
     cores = available_cores(str(tmp_path))
     assert cores <= math.ceil(cpu_cores(limits["cpu"])), "thread pools must be sized by the CPU limit"
-    assert 0 < max(tensorflow_threads(options, cores)) * options.workers <= cores, \
+    assert 0 < intra_op_threads(options, cores) * options.workers <= cores, \
         "TensorFlow must not start more threads than the CPU limit allows"
     hpa = objects["HorizontalPodAutoscaler"]["spec"]
     assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"], "utilisation needs the cpu request above"

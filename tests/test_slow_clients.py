@@ -110,6 +110,7 @@ def throughput(server, seconds: float = 3.0, clients: int = 4) -> float:
     return len(done) / seconds
 
 
+@pytest.mark.serial
 def test_tricklers_and_idlers_neither_stop_nor_slow_normal_clients(server):
     before = throughput(server)
     attack = Attack(server)
