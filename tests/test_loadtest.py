@@ -132,7 +132,7 @@ def corpus(tmp_path_factory) -> Path:
 def test_smoke_run_starts_the_server_and_meets_the_shipped_slo(model_base, tmp_path):
     report = tmp_path / "report"
     result = petal_loadtest("--start-server", "--model_base_path", str(model_base), "--users", "4",
-                            "--run-time", "8s", "--report_dir", str(report))
+                            "--run-time", "6s", "--report_dir", str(report))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "loadtest passed" in result.stdout
     summary = json.loads((report / "summary.json").read_text())
@@ -166,7 +166,7 @@ def test_impossible_slo_fails_naming_each_breach(server, corpus, tmp_path):
 
 @pytest.mark.slow
 def test_sweep_finds_the_knee_and_draws_it(server, corpus, tmp_path):
-    result = petal_loadtest("--sweep", "--sweep_users", "1,2,4", "--run-time", "3s", "--weights", "rest_predict=1",
+    result = petal_loadtest("--sweep", "--sweep_users", "1,2,4", "--run-time", "2s", "--weights", "rest_predict=1",
                             "--host", server.host, "--images", str(corpus), "--report_dir", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((tmp_path / "sweep.png").with_name("summary.json").read_text())

@@ -73,13 +73,6 @@ def mtls_server(pki, root, tmp_path_factory):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def plain_server(root):
-    """No flags: no token asked, model control off, no access log."""
-    with run_server(f"--model_base_path={root / 'flowers'}") as srv:
-        yield srv
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -183,15 +176,16 @@ def test_reload_needs_the_admin_role_and_paths_inside_the_model_root(server, pki
         stub.HandleReloadConfigRequest(reload_request(str(root / "flowers")), timeout=30, metadata=admin)
 
 
-def test_a_default_server_refuses_model_control_and_asks_no_token(plain_server, root):
-    with grpc.insecure_channel(plain_server.grpc_target) as channel:
+def test_a_default_server_refuses_model_control_and_asks_no_token(tiny_server, root):
+    """tiny_server has no flags but the model: no token asked, model control off, no access log."""
+    with grpc.insecure_channel(tiny_server.grpc_target) as channel:
         err = rpc_error(model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest,
                         reload_request(str(root / "flowers")), timeout=30)
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "--enable_model_control" in err.details()
         prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(predict_request(), timeout=30)
-    response = requests.get(f"{plain_server.rest_url}/v1/models/flowers", timeout=10)
+    response = requests.get(f"{tiny_server.rest_url}/v1/models/flowers", timeout=10)
     assert response.status_code == 200 and "X-Request-ID" not in response.headers
-    assert "petal.access" not in plain_server.log()
+    assert "petal.access" not in tiny_server.log()
 
 
 # --- mutual TLS ------------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def timed(call) -> float:
     return time.monotonic() - started
 
 
-def throughput(server, seconds: float = 3.0, clients: int = 4) -> float:
+def throughput(server, seconds: float = 2.0, clients: int = 4) -> float:
     """Predictions per second from `clients` keep-alive clients in a closed loop."""
     done, stop = [], time.monotonic() + seconds
 

@@ -38,7 +38,8 @@ cleanup() {
     if [[ -n $RUNNER ]] && kill -0 "$RUNNER" 2>/dev/null; then kill -KILL "$RUNNER" 2>/dev/null || true; fi
     if [[ -n $RUNNER ]]; then wait "$RUNNER" 2>/dev/null || true; fi
     if [[ -n $CONTAINER ]]; then buildah rm "$CONTAINER" >/dev/null 2>&1 || true; fi
-    # Each build makes a fresh 2.4 GB image; keep it only when asked to, so repeated runs do not fill the disk.
+    # The tag goes unless asked to keep it; the layers stay as buildah's cache (--layers), so the next build reuses
+    # the 2 GB of dependencies and adds only the few MB that Petal's code changed.
     if [[ -z ${PETAL_SMOKE_REUSE_IMAGE:-} ]]; then buildah rmi "$IMAGE" >/dev/null 2>&1 || true; fi
     if ((status != 0)); then
         for f in "$WORK"/*.log; do [[ -s $f ]] && { echo "--- last lines of $f" >&2; tail -n 40 "$f" >&2; }; done
@@ -113,7 +114,7 @@ build_image() {
     local volumes=()
     mapfile -d '' volumes < <(pip_trust_volumes)
     log "buildah bud $CONTEXT -> $IMAGE (build steps follow, full log on failure)"
-    buildah bud --isolation chroot --format docker --pull=never "${volumes[@]}" \
+    buildah bud --isolation chroot --format docker --pull=never --layers "${volumes[@]}" \
         -f "$CONTEXT/Dockerfile" -t "$IMAGE" "$CONTEXT" 2>&1 \
         | tee "$WORK/build.log" | while IFS= read -r line; do
             if [[ $line =~ ^(\[[0-9]+/[0-9]+\]\ )?STEP\ [0-9]+/[0-9]+:\ (FROM|RUN|COPY) ]]; then log "${line:0:110}"; fi
