@@ -2,6 +2,7 @@
 VENV ?= .venv
 # Test processes (pytest-xdist): the cores, at most 4. Each starts TensorFlow servers of about 600 MB.
 TEST_WORKERS ?= $(shell python3 -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+# The speed tests run alone afterwards, collected from the files that mark any (collecting all costs about 10 s).
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.petal-installed
 
@@ -19,6 +20,6 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-	$(PY) -m pytest -q -m serial
+	$(PY) -m pytest -q -m serial $(shell grep -l "mark.serial" tests/*.py)
 
 .PHONY: install serve test
