@@ -106,12 +106,11 @@ class DeadlineSocket:
         if self._hold:
             self._hold, self._held = False, bytes(data)
             return
-        if self._held:
-            held, self._held = self._held, b""
-            if len(data) <= COALESCE_LIMIT:
-                data = held + data
-            else:
-                self._sock.sendall(held)
+        held, self._held = self._held, b""
+        if held and len(data) > COALESCE_LIMIT:
+            self._sock.sendall(held)
+        elif held:
+            data = held + data
         self._sock.sendall(data, *flags)
 
     def sendfile(self, *args, **kwargs):
@@ -122,8 +121,7 @@ class DeadlineSocket:
         """The response is complete: send what is held (the header block of a response without a body)."""
         self._hold = False
         if self._held:
-            held, self._held = self._held, b""
-            self._sock.sendall(held)
+            self.sendall(b"")
 
     def discard(self) -> None:
         """The response failed before its body: gunicorn answers with an error or closes instead."""
@@ -222,7 +220,8 @@ class PetalGeventWorker(GeventWorker):
     def handle_request(self, listener_name, req, sock, addr):
         sock.start_body()
         try:
-            keepalive = super().handle_request(listener_name, req, sock, addr)
+            super().handle_request(listener_name, req, sock, addr)  # gevent's returns nothing
+            sock.flush()
         except StopIteration:  # gunicorn's way of saying the response is complete and the connection closes
             sock.flush()
             raise
@@ -231,5 +230,3 @@ class PetalGeventWorker(GeventWorker):
             raise
         finally:
             sock.idle()
-        sock.flush()
-        return keepalive
