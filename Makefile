@@ -3,6 +3,7 @@ VENV ?= .venv
 # Test processes (pytest-xdist): the cores, at most 4. Each starts TensorFlow servers of about 600 MB.
 TEST_WORKERS ?= $(shell python3 -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 # The speed tests run alone afterwards, collected from the files that mark any (collecting all costs about 10 s).
+SERIAL_TESTS = $(shell grep -l "mark.serial" tests/*.py)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.petal-installed
 
@@ -20,6 +21,6 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-	$(PY) -m pytest -q -m serial $(shell grep -l "mark.serial" tests/*.py)
+	$(PY) -m pytest -q -m serial $(SERIAL_TESTS)
 
 .PHONY: install serve test
