@@ -98,6 +98,7 @@ class ServerOptions:
     enable_model_warmup: bool = True
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
+    tensorflow_thread_nice: int = 10
     monitoring_config_file: str = ""
     grpc_max_message_bytes: int = 64 * MB
     grpc_channel_arguments: str = ""
@@ -262,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--tensorflow_intra_op_parallelism", type=int, default=0,
          help="0: the cores split between the model's callers (workers x batch threads)")
     flag("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: the cores")
+    flag("--tensorflow_thread_nice", type=int, default=d.tensorflow_thread_nice, choices=range(20), metavar="0-19",
+         help="(Petal) how much lower TensorFlow's compute threads run than the threads that read and answer "
+         "requests (Linux nice); 0: the same")
     flag("--tensorflow_session_parallelism", type=int, default=0, help="accepted for compatibility; unused")
     flag("--monitoring_config_file", default="", help="text-format MonitoringConfig (prometheus_config)")
     flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")
