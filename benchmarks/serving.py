@@ -454,6 +454,7 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 COLUMNS = ("rest", "grpc", "v2", "gthread", "baseline")
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
+SHORT = {"rest": "REST", "grpc": "gRPC", "baseline": "baseline", "gthread": "gthread"}
 
 
 def cell(r: dict) -> str:
@@ -461,8 +462,10 @@ def cell(r: dict) -> str:
 
 
 def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[str, dict[int, dict]],
-           ceilings: dict[str, dict[int, dict]], levels: list[int]) -> None:
-    """Ratios against the best limit, and the overhead against the fastest single-image call."""
+           ceilings: dict[str, dict[int, dict]], levels: list[int], titles: dict[str, str]) -> None:
+    """Ratios against the best limit, and the overhead against the fastest single-image call. `titles` names the
+    columns, COLUMNS and the --ab_args one if any."""
+    columns = list(titles)
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
     print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average)\n")
     for each in limits:
@@ -471,23 +474,23 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
     limit = dataclasses.replace(max(limits, key=lambda each: each.rate),
                                 single_ms=min(each.single_ms for each in limits))
     print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms\n")
-    print("| concurrency | " + " | ".join(f"{TITLES[c]} img/s (p50 / p95 / p99 ms)" for c in COLUMNS)
-          + " | REST / limit | gRPC / limit | V2 / limit | REST / baseline | REST / gthread | gRPC / REST |")
-    print("|---" * (len(COLUMNS) + 7) + "|")
+    ratios = [("grpc", "rest")] + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
+    print("| concurrency | " + " | ".join(f"{titles[c]} img/s (p50 / p95 / p99 ms)" for c in columns)
+          + " | REST / limit | gRPC / limit | V2 / limit | "
+          + " | ".join(f"{SHORT.get(a, 'A/B')} / {SHORT.get(b, 'A/B')}" for a, b in ratios) + " |")
+    print("|---" * (len(columns) + 4 + len(ratios)) + "|")
     for c in levels:
-        r = {col: results[col][c] for col in COLUMNS}
-        print(f"| {c} | " + " | ".join(cell(r[col]) for col in COLUMNS)
+        r = {col: results[col][c] for col in columns}
+        print(f"| {c} | " + " | ".join(cell(r[col]) for col in columns)
               + "".join(f" | {r[col]['rps'] / limit.rate:.2f}" for col in ("rest", "grpc", "v2"))
-              + f" | {r['rest']['rps'] / max(r['baseline']['rps'], 1e-9):.2f}"
-              f" | {r['rest']['rps'] / max(r['gthread']['rps'], 1e-9):.2f}"
-              f" | {r['grpc']['rps'] / max(r['rest']['rps'], 1e-9):.2f} |")
+              + "".join(f" | {r[a]['rps'] / max(r[b]['rps'], 1e-9):.2f}" for a, b in ratios) + " |")
     first = levels[0]
     print(f"\np50 overhead at concurrency {first} over the in-process {limit.single_ms:.2f} ms: "
-          + ", ".join(f"{TITLES[col]} {results[col][first]['p50'] - limit.single_ms:+.2f} ms" for col in COLUMNS))
+          + ", ".join(f"{titles[col]} {results[col][first]['p50'] - limit.single_ms:+.2f} ms" for col in columns))
     for c in ceilings["http"]:
         print(f"at concurrency {c}, CPU per image (server + load generator): "
-              + ", ".join(f"{TITLES[col]} {r['server_cpu_ms']:.2f} + {r['loadgen_cpu_ms']:.2f} ms"
-                          for col, r in ((col, results[col][c]) for col in COLUMNS))
+              + ", ".join(f"{titles[col]} {r['server_cpu_ms']:.2f} + {r['loadgen_cpu_ms']:.2f} ms"
+                          for col, r in ((col, results[col][c]) for col in columns))
               + f"; load generator ceiling {ceilings['http'][c]['rps']:.0f} req/s on /healthz, "
               f"{ceilings['grpc'][c]['rps']:.0f} on gRPC health Check")
         _bound(limit, ceilings, c)
@@ -524,6 +527,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each cell is their median")
     parser.add_argument("--limit_seconds", type=float, default=1.0, help="seconds per in-process batch size")
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
+    parser.add_argument("--ab_args", default="", help="one more REST column: a Petal with these flags added, to "
+                        "measure what they change side by side (say --tensorflow_thread_nice=0)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from server_harness import run_server
@@ -540,15 +545,22 @@ def main() -> int:
 
     limits = {name: in_process_limits(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
-    samples = {name: {col: [] for col in COLUMNS} for name in sets}
-    with run_server(f"--model_base_path={base}", *args.petal_args.split()) as server, \
-            run_server(f"--model_base_path={base}", "--port=0", *args.petal_args.split(),
-                       "--worker_class=gthread") as gthread, \
-            baseline_server(model_dir) as (baseline_port, baseline_pid):
+    titles = dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
+    samples = {name: {col: [] for col in titles} for name in sets}
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(run_server(f"--model_base_path={base}", *args.petal_args.split()))
+        others = {"gthread": stack.enter_context(run_server(f"--model_base_path={base}", "--port=0",
+                                                            *args.petal_args.split(), "--worker_class=gthread"))}
+        if args.ab_args:
+            others["ab"] = stack.enter_context(run_server(f"--model_base_path={base}", "--port=0",
+                                                          *args.petal_args.split(), *args.ab_args.split()))
+        baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
         grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
-        wait_for_every_worker(rest_requests(rest_port, pid, next(iter(sets.values()))))
+        for each in (server, *others.values()):
+            wait_for_every_worker(rest_requests(int(each.rest_url.rsplit(":", 1)[1]), each.proc.pid,
+                                                next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
@@ -557,20 +569,20 @@ def main() -> int:
         requests = {name: {"rest": rest_requests(rest_port, pid, photos),
                            "grpc": grpc_requests(grpc_port, pid, photos),
                            "v2": v2_binary_requests(rest_port, pid, photos),
-                           "gthread": rest_requests(int(gthread.rest_url.rsplit(":", 1)[1]), gthread.proc.pid,
-                                                    photos),
+                           **{col: rest_requests(int(other.rest_url.rsplit(":", 1)[1]), other.proc.pid, photos)
+                              for col, other in others.items()},
                            "baseline": rest_requests(baseline_port, baseline_pid, photos)}
                     for name, photos in sets.items()}
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
             for name in sets:
-                for col in COLUMNS:
+                for col in titles:
                     samples[name][col].append(run(requests[name][col]))
             print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     results = {name: {col: {c: median_run([each[c] for each in runs]) for c in levels} for col, runs in per.items()}
                for name, per in samples.items()}
 
     for name, photos in sets.items():
-        report(name, photos, limits[name], results[name], ceilings, levels)
+        report(name, photos, limits[name], results[name], ceilings, levels, titles)
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     errors = sum(r["errors"] for per in samples.values() for runs in per.values() for each in runs
