@@ -9,8 +9,8 @@
    under Petal's one intra-op thread per caller), and its fastest single-image latency.
 3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
    (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
-   binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end) and the baseline
-   (benchmarks/naive_flask.py) get the same REST body. Each run is a
+   binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end), with --ab_args a
+   third Petal with those flags added, and the baseline (benchmarks/naive_flask.py) get the same REST body. Each run is a
    separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
    concurrency, warmup, then a fixed duration, with whole requests built before the clock starts. HTTP clients
    share one selector thread (raw sockets); gRPC clients are a thread each with a channel of their own.
@@ -451,7 +451,6 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 
 # --- report ---------------------------------------------------------------------------------------------------
 
-COLUMNS = ("rest", "grpc", "v2", "gthread", "baseline")
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
 SHORT = {"rest": "REST", "grpc": "gRPC", "baseline": "baseline", "gthread": "gthread"}
@@ -464,7 +463,7 @@ def cell(r: dict) -> str:
 def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[str, dict[int, dict]],
            ceilings: dict[str, dict[int, dict]], levels: list[int], titles: dict[str, str]) -> None:
     """Ratios against the best limit, and the overhead against the fastest single-image call. `titles` names the
-    columns, COLUMNS and the --ab_args one if any."""
+    columns in order: TITLES's, then the --ab_args one if any."""
     columns = list(titles)
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
     print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average)\n")
