@@ -267,6 +267,11 @@ def rest_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     return Requests("http", port, PREDICT_PATH, bodies, {"Content-Type": "application/json"}, pid)
 
 
+def petal_rest_requests(server, photos: list[bytes]) -> Requests:
+    """REST predict requests for a `petal serve` started by tests/server_harness.run_server."""
+    return rest_requests(int(server.rest_url.rsplit(":", 1)[1]), server.proc.pid, photos)
+
+
 def v2_binary_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     """Triton's binary extension: JSON header, then each BYTES element as a 4-byte little-endian length + data."""
     bodies, lengths = [], set()
@@ -453,7 +458,7 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
-SHORT = {"rest": "REST", "grpc": "gRPC", "baseline": "baseline", "gthread": "gthread"}
+SHORT = {"rest": "REST", "grpc": "gRPC", "baseline": "baseline", "gthread": "gthread", "ab": "A/B"}
 
 
 def cell(r: dict) -> str:
@@ -476,7 +481,7 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
     ratios = [("grpc", "rest")] + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
     print("| concurrency | " + " | ".join(f"{titles[c]} img/s (p50 / p95 / p99 ms)" for c in columns)
           + " | REST / limit | gRPC / limit | V2 / limit | "
-          + " | ".join(f"{SHORT.get(a, 'A/B')} / {SHORT.get(b, 'A/B')}" for a, b in ratios) + " |")
+          + " | ".join(f"{SHORT[a]} / {SHORT[b]}" for a, b in ratios) + " |")
     print("|---" * (len(columns) + 4 + len(ratios)) + "|")
     for c in levels:
         r = {col: results[col][c] for col in columns}
@@ -547,29 +552,27 @@ def main() -> int:
     titles = dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
     samples = {name: {col: [] for col in titles} for name in sets}
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(run_server(f"--model_base_path={base}", *args.petal_args.split()))
-        others = {"gthread": stack.enter_context(run_server(f"--model_base_path={base}", "--port=0",
-                                                            *args.petal_args.split(), "--worker_class=gthread"))}
+        petal = lambda *flags: stack.enter_context(  # noqa: E731
+            run_server(f"--model_base_path={base}", *args.petal_args.split(), *flags))
+        server = petal()
+        others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:
-            others["ab"] = stack.enter_context(run_server(f"--model_base_path={base}", "--port=0",
-                                                          *args.petal_args.split(), *args.ab_args.split()))
+            others["ab"] = petal("--port=0", *args.ab_args.split())
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid
         rest_port = int(server.rest_url.rsplit(":", 1)[1])
         grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
         for each in (server, *others.values()):
-            wait_for_every_worker(rest_requests(int(each.rest_url.rsplit(":", 1)[1]), each.proc.pid,
-                                                next(iter(sets.values()))))
+            wait_for_every_worker(petal_rest_requests(each, next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
         ceilings["flask"] = run_loadgen(health_requests("http", baseline_port, baseline_pid), busy, args.duration,
                                         args.warmup)
-        requests = {name: {"rest": rest_requests(rest_port, pid, photos),
+        requests = {name: {"rest": petal_rest_requests(server, photos),
                            "grpc": grpc_requests(grpc_port, pid, photos),
                            "v2": v2_binary_requests(rest_port, pid, photos),
-                           **{col: rest_requests(int(other.rest_url.rsplit(":", 1)[1]), other.proc.pid, photos)
-                              for col, other in others.items()},
+                           **{col: petal_rest_requests(other, photos) for col, other in others.items()},
                            "baseline": rest_requests(baseline_port, baseline_pid, photos)}
                     for name, photos in sets.items()}
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
