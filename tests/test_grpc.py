@@ -20,8 +20,9 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
-from serving.config import bind_address
-from serving.protocols.grpc_api import parse_channel_arguments
+from serving.config import ServerOptions, bind_address
+from serving.core import Core
+from serving.protocols.grpc_api import HealthService, parse_channel_arguments
 from training.synth import CLASSES, render
 
 pytestmark = pytest.mark.slow
@@ -335,3 +336,34 @@ def test_health_serving_then_not_serving_during_graceful_shutdown(model_base):
             srv.proc.send_signal(signal.SIGTERM)
             assert next(watch).status == not_serving
             assert srv.proc.wait(30) == 0
+
+
+class ActiveContext:
+    """A Watch stream whose client stays connected."""
+
+    def is_active(self) -> bool:
+        return True
+
+
+def test_health_watch_reports_not_serving_when_shutdown_lands_between_its_reads(model_base, monkeypatch):
+    """The race the test above once lost: SIGTERM set the flag after Watch had read SERVING and before it asked
+    whether to end, so the stream closed without the NOT_SERVING a load balancer waits for. The shutdown here lands
+    at exactly that point, on a real Core serving the tiny model."""
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    core = Core.create(ServerOptions(model_base_path=model_base, model_name="flowers", file_system_poll_wait_seconds=0))
+    try:
+        core.wait_loaded()
+        repository_ready, reads = core.repository.ready, []
+
+        def ready_then_shut_down() -> bool:
+            reads.append(repository_ready())
+            if len(reads) == 2:
+                core.begin_shutdown()
+            return reads[-1]
+
+        monkeypatch.setattr(core.repository, "ready", ready_then_shut_down)
+        watch = HealthService(core).Watch(health_pb2.HealthCheckRequest(service=""), ActiveContext())
+        assert [response.status for response in watch] == [serving, not_serving]
+        assert reads == [True, True]
+    finally:
+        core.close()

@@ -252,12 +252,13 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         last = None
         while context.is_active():
+            ending = self.core.shutting_down  # read before the status, so a status read after it is NOT_SERVING
             status = self.serving_status(request.service)
             status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
-            if self.core.shutting_down:
+            if ending:
                 return  # NOT_SERVING was sent; an open stream must not hold the graceful shutdown up
             time.sleep(HEALTH_WATCH_PERIOD_S)
 
