@@ -269,7 +269,7 @@ def rest_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
 
 def petal_rest_requests(server, photos: list[bytes]) -> Requests:
     """REST predict requests for a `petal serve` started by tests/server_harness.run_server."""
-    return rest_requests(int(server.rest_url.rsplit(":", 1)[1]), server.proc.pid, photos)
+    return rest_requests(server.rest_port, server.proc.pid, photos)
 
 
 def v2_binary_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
@@ -560,8 +560,7 @@ def main() -> int:
             others["ab"] = petal("--port=0", *args.ab_args.split())
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid
-        rest_port = int(server.rest_url.rsplit(":", 1)[1])
-        grpc_port = int(server.grpc_target.rsplit(":", 1)[1])
+        rest_port, grpc_port = server.rest_port, server.grpc_port
         for each in (server, *others.values()):
             wait_for_every_worker(petal_rest_requests(each, next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]

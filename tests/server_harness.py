@@ -32,6 +32,8 @@ STARTUP_TIMEOUT_S = 180
 class Server:
     rest_url: str
     grpc_target: str
+    rest_port: int
+    grpc_port: int  # 0 when the ARGS gave --port
     proc: subprocess.Popen
     log_path: str
 
@@ -99,7 +101,8 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
                             stdout=log_file, stderr=subprocess.STDOUT,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     scheme = "https" if tls_context else "http"
-    server = Server(f"{scheme}://{host}:{rest_port}", f"{host}:{grpc_port}", proc, log_file.name)
+    server = Server(f"{scheme}://{host}:{rest_port}", f"{host}:{grpc_port}", rest_port, grpc_port, proc,
+                    log_file.name)
     try:
         probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

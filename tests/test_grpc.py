@@ -295,10 +295,9 @@ def test_two_workers_bind_only_the_host_given_and_a_reload_reaches_both(model_ba
     """--host applies to gRPC as to REST; a reload RPC lands on one worker of two, and both serve the new config."""
     with run_server(f"--model_base_path={model_base}", "--model_name=flowers", "--workers=2",
                     "--host=127.0.0.2", "--enable_model_control") as srv:
-        port = srv.grpc_target.rsplit(":", 1)[1]
         [status] = model_status(srv.grpc_target).model_version_status  # the other worker may still be loading
         assert status.version == 1
-        err = rpc_error(model_status, f"127.0.0.1:{port}")
+        err = rpc_error(model_status, f"127.0.0.1:{srv.grpc_port}")
         assert err.code() == grpc.StatusCode.UNAVAILABLE
         with pytest.raises(requests.ConnectionError):
             requests.get(srv.rest_url.replace("127.0.0.2", "127.0.0.1") + "/healthz", timeout=5)
