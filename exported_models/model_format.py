@@ -10,6 +10,7 @@ Layout (TF Serving's): `<base>/<name>/<version>/` where `<version>` is an intege
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,18 +18,22 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME  # noqa: F401 (part of the contract)
 
 SAVED_MODEL_FILE = "saved_model.pb"
+TFLITE_FILE = "model.tflite"  # TF Serving's name for a version's TFLite model (--prefer_tflite_model)
 LABELS_FILE = "labels.txt"
 LABELS_ASSET = f"assets/{LABELS_FILE}"
 WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many
 DEFAULT_SIGNATURE = "serving_default"
 _INTERNAL_SIGNATURES = ("__saved_model_init_op",)
+
+logger = logging.getLogger(__name__)
+_warned_duplicates: set[tuple[str, str, str]] = set()
 
 
 
@@ -48,22 +53,48 @@ class SignatureInfo:
 
 # --- layout ---------------------------------------------------------------------------------------------------
 
-def version_path(base_path: str, version: int) -> str:
-    return f"{base_path.rstrip('/')}/{version}"
+def version_dirs(base_path: str) -> dict[int, str]:
+    """Each published version under a base path and the folder it was found in, as TF Serving finds them.
 
-
-def exported_versions(base_path: str) -> list[int]:
-    """The published versions under a base path, ascending: integer directories that hold a saved_model.pb.
-
-    Anything else (a staging sibling, a version still being copied) is not a version yet.
+    A version is a child folder whose whole name is a base-10 integer, leading zeros included (`00000123` is
+    version 123), holding a saved_model.pb or a model.tflite; anything else (a staging sibling, a version still
+    being copied) is not a version yet. When two folders name one version (`7` and `007`), the name that sorts
+    last wins, as in TF Serving, and a warning says which folder was ignored.
     """
     base = base_path.rstrip("/")
     try:
-        names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
+        names = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(base))
     except tf.errors.OpError:
-        return []
-    return sorted(int(name) for name in names
-                  if name.isascii() and name.isdigit() and tf.io.gfile.exists(f"{base}/{name}/{SAVED_MODEL_FILE}"))
+        return {}
+    found: dict[int, str] = {}
+    for name in names:
+        if not (name.isascii() and name.isdigit()) or not any(
+                tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in (SAVED_MODEL_FILE, TFLITE_FILE)):
+            continue
+        version = int(name)
+        if version in found:
+            _warn_duplicate(base, version, name, os.path.basename(found[version]))
+        found[version] = f"{base}/{name}"
+    return dict(sorted(found.items()))
+
+
+def _warn_duplicate(base: str, version: int, used: str, ignored: str) -> None:
+    """Once per process and folder pair: the source polls every second."""
+    if (base, used, ignored) in _warned_duplicates:
+        return
+    _warned_duplicates.add((base, used, ignored))
+    logger.warning("duplicate version folders", extra={"fields": {
+        "base_path": base, "version": version, "loaded_from": used, "ignored": ignored}})
+
+
+def exported_versions(base_path: str) -> list[int]:
+    """The published versions under a base path, ascending (see version_dirs)."""
+    return list(version_dirs(base_path))
+
+
+def version_path(base_path: str, version: int) -> str:
+    """The folder a version was found in, or where an exporter writes it (plain digits) when there is none."""
+    return version_dirs(base_path).get(version, f"{base_path.rstrip('/')}/{version}")
 
 
 def latest_version(model_path: str) -> str:
@@ -71,15 +102,16 @@ def latest_version(model_path: str) -> str:
     path = model_path.rstrip("/")
     if tf.io.gfile.exists(f"{path}/{SAVED_MODEL_FILE}"):
         return path
-    versions = exported_versions(path)
+    versions = version_dirs(path)
     if not versions:
         raise FileNotFoundError(f"no SavedModel in {model_path!r} (neither a saved_model.pb nor integer version "
                                 "directories holding one)")
-    return version_path(path, versions[-1])
+    return versions[max(versions)]
 
 
 def next_version(base_path: str) -> int:
-    """One more than the highest integer directory, as TF Serving orders versions; 1 for a new base."""
+    """One more than the highest integer directory (`007` counts as 7), as TF Serving orders versions; 1 for a
+    new base."""
     if not os.path.isdir(base_path):
         return 1
     return max((int(d) for d in os.listdir(base_path) if d.isascii() and d.isdigit()), default=0) + 1
@@ -126,16 +158,35 @@ def _tensor_info(proto) -> TensorInfo:
     return TensorInfo(name=proto.name, dtype=types_pb2.DataType.Name(proto.dtype), shape=shape)
 
 
-def read_signatures(version_dir: str) -> dict[str, SignatureInfo]:
-    """Signature defs straight from saved_model.pb: the tensor names, dtypes and method names TF Serving reports."""
+def read_saved_model(version_dir: str) -> saved_model_pb2.SavedModel:
     saved_model = saved_model_pb2.SavedModel()
     with tf.io.gfile.GFile(f"{version_dir.rstrip('/')}/{SAVED_MODEL_FILE}", "rb") as f:
         saved_model.ParseFromString(f.read())
-    defs = saved_model.meta_graphs[0].signature_def
+    return saved_model
+
+
+def meta_graph(saved_model: saved_model_pb2.SavedModel, tags: set[str] | None = None) -> meta_graph_pb2.MetaGraphDef:
+    """The meta graph whose tag set is exactly `tags` (TensorFlow's loaders match it so); the first without."""
+    if tags is None:
+        return saved_model.meta_graphs[0]
+    for graph in saved_model.meta_graphs:
+        if set(graph.meta_info_def.tags) == tags:
+            return graph
+    available = [sorted(graph.meta_info_def.tags) for graph in saved_model.meta_graphs]
+    raise ValueError(f"no meta graph with tags {sorted(tags)}; the SavedModel has {available}")
+
+
+def signature_infos(graph: meta_graph_pb2.MetaGraphDef) -> dict[str, SignatureInfo]:
+    """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports."""
     return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
                                outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
                                method_name=sig.method_name)
-            for key, sig in defs.items() if key not in _INTERNAL_SIGNATURES}
+            for key, sig in graph.signature_def.items() if key not in _INTERNAL_SIGNATURES}
+
+
+def read_signatures(version_dir: str, tags: set[str] | None = None) -> dict[str, SignatureInfo]:
+    """Signature defs straight from saved_model.pb, of the meta graph with these tags (the first without)."""
+    return signature_infos(meta_graph(read_saved_model(version_dir), tags))
 
 
 # --- warmup ---------------------------------------------------------------------------------------------------

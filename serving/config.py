@@ -126,6 +126,8 @@ class ServerOptions:
     model_root: str = ""
     access_log: bool = False
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
+    saved_model_tags: str = "serve"
+    prefer_tflite_model: bool = False
 
     def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
         if self.model_config_file:
@@ -308,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--model_root", default="", help="(Petal) every model base path (flags, config file, reload RPC) "
          "must resolve inside this folder")
     flag("--access_log", default=False, help="(Petal) one JSON line per request on stderr", **boolean)
+    flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the meta graph to load")
+    flag("--prefer_tflite_model", default=False, help="serve a version's model.tflite when it has one", **boolean)
     return parser
 
 

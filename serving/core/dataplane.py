@@ -21,6 +21,7 @@ from serving.core import images
 from serving.core.batching import Batcher, PixelBudget, run_inline
 from serving.core.errors import ServingError, invalid
 from serving.metrics import Metrics
+from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
 
@@ -52,8 +53,9 @@ def numpy_dtype(dtype: str):
     return NUMPY_DTYPES[dtype]
 
 
-def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
-    """An input converted to the signature's dtype and checked against its shape (batch dimension included)."""
+def coerce(name: str, value, info: TensorInfo, check_shape: bool = True) -> np.ndarray:
+    """An input converted to the signature's dtype and, with `check_shape` (a model whose functions enforce the
+    signature's shapes), checked against its shape up front (batch dimension included)."""
     try:
         if info.dtype == "DT_STRING":
             array = np.asarray(value, dtype=object)
@@ -66,7 +68,7 @@ def coerce(name: str, value, info: TensorInfo) -> np.ndarray:
             array = array.astype(numpy_dtype(info.dtype), copy=False)
     except (TypeError, ValueError) as error:
         raise invalid(f"Input {name!r} expects {info.dtype}: {error}") from None
-    if info.shape is not None:
+    if check_shape and info.shape is not None:
         if array.ndim != len(info.shape) or any(want not in (-1, have) for want, have in zip(info.shape, array.shape)):
             raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                           f"{info.shape} (-1 is any size)")
@@ -134,7 +136,8 @@ class Core:
     def _predict_on(self, servable: Servable, inputs: Inputs, signature_name: str,
                     output_filter: list[str] | None, deadline: float | None, api: str) -> PredictResult:
         key, info = servable.signature(signature_name)
-        arrays, batched, pixels = self._validate(info, inputs(info) if callable(inputs) else inputs)
+        arrays, batched, pixels = self._validate(info, inputs(info) if callable(inputs) else inputs,
+                                                 servable.static_shapes)
         if output_filter:
             unknown = sorted(set(output_filter) - set(info.outputs))
             if unknown:
@@ -151,17 +154,19 @@ class Core:
             outputs = {k: outputs[k] for k in output_filter}
         return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
 
-    def _validate(self, info: SignatureInfo, inputs: dict) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
+    def _validate(self, info: SignatureInfo, inputs: dict,
+                  check_shape: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
         """The inputs as arrays, whether they are batched, and the decoded pixels of each row (of the whole
         request when not batched), which the worker's pixel budget counts."""
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
         if missing or extra:
             raise invalid(f"Input names must be {sorted(info.inputs)}; missing {missing}, unexpected {extra}")
-        arrays = {name: coerce(name, inputs[name], info.inputs[name]) for name in info.inputs}
+        arrays = {name: coerce(name, inputs[name], info.inputs[name], check_shape) for name in info.inputs}
         pixels = [images.check_pixels(array, self.options.max_image_pixels)
                   for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
-        batched = all(t.shape and t.shape[0] == -1 for t in info.inputs.values()) and bool(arrays)
+        batched = (all(t.shape and t.shape[0] == -1 for t in info.inputs.values()) and bool(arrays)
+                   and all(a.ndim for a in arrays.values()))  # unchecked shapes may be scalars
         if batched and len({a.shape[0] for a in arrays.values()}) > 1:
             raise invalid("All inputs must have the same size in the first (batch) dimension, got "
                           + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
@@ -230,7 +235,9 @@ class Core:
                           pixel_budget=PixelBudget(options.max_inflight_pixels))
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
-                                drain_seconds=options.graceful_timeout)
+                                drain_seconds=options.graceful_timeout,
+                                load_options=LoadOptions.from_flags(options.saved_model_tags,
+                                                                    options.prefer_tflite_model))
         core = cls(repository=repository, batcher=batcher, metrics=metrics, options=options)
         repository.start()
         return core

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from exported_models import model_format
 from serving.core import heap
 from serving.core.errors import ServingError, invalid, not_found, unavailable
 from serving.metrics import Metrics
 from serving.core.policy import aspired_versions
+from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
 from serving.core.source import candidate_versions, files_signature
 
@@ -55,8 +55,10 @@ class Repository:
 
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
                  poll_seconds: float = 1.0, warmup: bool = True,
-                 on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0):
+                 on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0,
+                 load_options: LoadOptions = LoadOptions()):
         self._metrics = metrics
+        self._load_options = load_options
         self._drain_seconds = drain_seconds
         self._poll_seconds = poll_seconds
         self._warmup = warmup
@@ -140,13 +142,13 @@ class Repository:
         with self._lock:
             failed = {v: entry.files for v, entry in model.versions.items() if entry.status.error_code != "OK"}
         candidates = candidate_versions(config.base_path, failed)
-        aspired = aspired_versions(config.model_version_policy, candidates)
+        aspired = aspired_versions(config.model_version_policy, list(candidates))
         for version in sorted(aspired, reverse=True):
             with self._lock:
                 entry = model.versions.get(version)
                 if entry is not None and entry.status.state in ("LOADING", "AVAILABLE"):
                     continue
-            self._load(name, model, version, model_format.version_path(config.base_path, version))
+            self._load(name, model, version, candidates[version])
         with self._lock:
             if not any(model.versions[v].status.state == "AVAILABLE" for v in aspired if v in model.versions):
                 return  # never unload the versions that are serving before a wanted one is AVAILABLE
@@ -165,7 +167,7 @@ class Repository:
             model.versions[version] = entry
         started = time.monotonic()
         try:
-            servable = Servable(name, version, path)
+            servable = Servable(name, version, path, self._load_options)
             warmed = servable.warmup(self._metrics) if self._warmup else 0
         except Exception as error:
             message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
@@ -181,7 +183,8 @@ class Repository:
             entry.servable = servable
             entry.status = VersionStatus(version, "AVAILABLE")
             self._lock.notify_all()
-        logger.info("version available", extra={"fields": {"model": name, "version": version,
+        logger.info("version available", extra={"fields": {"model": name, "version": version, "path": path,
+                                                         "format": servable.format,
                                                          "load_seconds": round(elapsed, 3), "warmup": warmed}})
 
     def _unload(self, name: str, model: _Model, version: int) -> None:

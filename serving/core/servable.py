@@ -1,58 +1,58 @@
-"""One loaded model version: its signatures, labels and TensorFlow functions, run and warmed up.
+"""One loaded model version: its signatures, labels and model, run and warmed up.
 
 Loading reads everything through the model-format contract (exported_models/model_format.py), so the server reads
-exactly what training wrote.
+exactly what training wrote; serving/core/loaders.py picks how the version runs (TF2 functions, a TF1 Session, or
+TFLite), and this class is the same whichever it is.
 """
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.protobuf import error_codes_pb2
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
-from serving.core.errors import Code, ServingError, invalid, op_error_message
+from serving.core.errors import invalid
+from serving.core.loaders import LoadOptions, load
 from serving.metrics import Metrics
 
 
-def _status_error(error: tf.errors.OpError) -> ServingError:
-    """TensorFlow's error codes are the status codes, so the code carries over as it is."""
-    return ServingError(Code[error_codes_pb2.Code.Name(error.error_code)], op_error_message(error.message) or str(error))
-
-
 class Servable:
-    """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish."""
+    """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish.
 
-    def __init__(self, model: str, version: int, path: str):
+    `static_shapes` says whether running checks the signature's shapes itself (TF2 functions do); where it is
+    False (a Session, TFLite) only the model's own ops check them, as in TF Serving.
+    """
+
+    def __init__(self, model: str, version: int, path: str, options: LoadOptions = LoadOptions()):
         self.model = model
         self.version = version
         self.path = path
-        self.signatures = model_format.read_signatures(path)
-        self._loaded = tf.saved_model.load(path)
-        self._fns = {key: self._loaded.signatures[key] for key in self.signatures if key in self._loaded.signatures}
+        self._loaded = load(path, options)
+        self.format = self._loaded.format
+        self.signatures = self._loaded.signatures
+        self.static_shapes = self._loaded.static_shapes
         self.labels = model_format.version_labels(path)
         self.refs = 0
 
     def signature(self, name: str) -> tuple[str, SignatureInfo]:
         key = name or DEFAULT_SIGNATURE
         info = self.signatures.get(key)
-        if info is None or key not in self._fns:
+        if info is None:
             raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
         return key, info
 
-    def run(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Call one signature; TensorFlow's errors become ServingErrors with the same code."""
-        fn = self._fns[signature_name]
-        try:
-            outputs = fn(**{k: tf.constant(v) for k, v in inputs.items()})
-        except tf.errors.OpError as error:
-            raise _status_error(error) from None
-        except (TypeError, ValueError) as error:
-            raise invalid(str(error).splitlines()[0]) from None
-        return {k: v.numpy() for k, v in outputs.items()}
+    def run(self, signature_name: str, inputs: dict[str, np.ndarray],
+            output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Call one signature, fetching only `output_names` (all its outputs without); TensorFlow's errors become
+        ServingErrors with the same code."""
+        outputs = self.signatures[signature_name].outputs
+        names = list(output_names) if output_names else list(outputs)
+        unknown = sorted(set(names) - set(outputs))
+        if unknown:
+            raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
+        return self._loaded.run(signature_name, inputs, names)
 
     def warmup(self, metrics: Metrics) -> int:
-        """Replay the version's warmup requests (SPEC §3); a failure fails the load."""
+        """Replay the version's warmup requests; a failure fails the load."""
         count = 0
         for request in model_format.read_warmup(self.path):
             key, _ = self.signature(request.signature_name)

@@ -10,10 +10,11 @@ import os
 from exported_models import model_format
 
 
-def candidate_versions(base_path: str, failed: dict[int, tuple]) -> list[int]:
-    """The published versions, less those that failed to load and whose files have not changed since."""
-    return [v for v in model_format.exported_versions(base_path)
-            if v not in failed or files_signature(model_format.version_path(base_path, v)) != failed[v]]
+def candidate_versions(base_path: str, failed: dict[int, tuple]) -> dict[int, str]:
+    """The published versions and their folders as found, less those that failed to load and whose files have
+    not changed since."""
+    return {v: path for v, path in model_format.version_dirs(base_path).items()
+            if v not in failed or files_signature(path) != failed[v]}
 
 
 def files_signature(path: str) -> tuple[tuple[str, int, int], ...]:

@@ -1,0 +1,131 @@
+"""How a version folder becomes something that runs signatures, the way TF Serving's SavedModelBundle loads it.
+
+- A TF2 SavedModel (one meta graph with an object graph, as `tf.saved_model.save` and Keras write) loads with
+  `tf.saved_model.load`; its concrete functions enforce the signatures' shapes.
+- Any other SavedModel (a TF1 graph: Estimator exports, `tf.compat.v1.saved_model.Builder`) loads into a
+  `tf.compat.v1.Session` on its own graph: the meta graph with the configured tags, its assets, and its main op or
+  legacy init op run at load. Signatures run by tensor name, so only the graph's own ops check shapes.
+- With --prefer_tflite_model, a folder holding `model.tflite` runs on TensorFlow's TFLite interpreter
+  (serving/core/tflite.py).
+
+TensorFlow's errors keep their code: bad input is never INTERNAL.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import error_codes_pb2
+
+from exported_models import model_format
+from exported_models.model_format import SignatureInfo
+from serving.core.errors import Code, ServingError, invalid, op_error_message
+
+DEFAULT_TAGS = frozenset({"serve"})
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    tags: frozenset[str] = DEFAULT_TAGS
+    prefer_tflite: bool = False
+
+    @classmethod
+    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool) -> "LoadOptions":
+        """--saved_model_tags is comma-separated, empty parts skipped; none at all means "serve", as in TF Serving."""
+        tags = frozenset(tag.strip() for tag in saved_model_tags.split(",") if tag.strip())
+        return cls(tags or DEFAULT_TAGS, prefer_tflite_model)
+
+
+class Loaded(Protocol):
+    """A loaded model as the servable runs it: `run` fetches only `output_names` (aliases of the signature)."""
+    format: str
+    signatures: dict[str, SignatureInfo]
+    static_shapes: bool
+
+    def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]: ...
+
+
+def status_error(error: tf.errors.OpError) -> ServingError:
+    """TensorFlow's error codes are the status codes, so the code carries over as it is."""
+    return ServingError(Code[error_codes_pb2.Code.Name(error.error_code)], op_error_message(error.message) or str(error))
+
+
+def load(path: str, options: LoadOptions) -> Loaded:
+    if options.prefer_tflite and os.path.exists(os.path.join(path, model_format.TFLITE_FILE)):
+        from serving.core.tflite import TfLiteModel  # only TFLite servers pay for the interpreter's import
+
+        return TfLiteModel(os.path.join(path, model_format.TFLITE_FILE))
+    saved_model = model_format.read_saved_model(path)
+    graph = model_format.meta_graph(saved_model, set(options.tags))
+    if len(saved_model.meta_graphs) == 1 and graph.HasField("object_graph_def"):  # tf.saved_model.load's test
+        return FunctionModel(path, graph, options.tags)
+    return SessionModel(path, options.tags)
+
+
+class FunctionModel:
+    """A TF2 SavedModel's signatures as the concrete functions `tf.saved_model.load` restores."""
+    format = "saved_model_tf2"
+    static_shapes = True
+
+    def __init__(self, path: str, graph, tags: frozenset[str]):
+        self._loaded = tf.saved_model.load(path, tags=sorted(tags))
+        self.signatures = {key: info for key, info in model_format.signature_infos(graph).items()
+                           if key in self._loaded.signatures}
+        self._fns = {key: self._loaded.signatures[key] for key in self.signatures}
+
+    def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        try:
+            outputs = self._fns[key](**{k: tf.constant(v) for k, v in inputs.items()})
+        except tf.errors.OpError as error:
+            raise status_error(error) from None
+        except (TypeError, ValueError) as error:
+            raise invalid(str(error).splitlines()[0]) from None
+        return {k: outputs[k].numpy() for k in output_names}
+
+
+class SessionModel:
+    """A TF1 SavedModel in a Session of its own, as TF Serving's SavedModelBundle holds it.
+
+    The Session takes its thread settings from TensorFlow's context (serving/worker.py sets them), and its CPU
+    device shares the process's intra-op pool, so a TF1 model runs on the same threads as a TF2 one. Each
+    (signature, outputs) pair gets one callable: `make_callable` feeds by tensor name and skips Python's
+    feed-shape check, which TF Serving does not have either.
+    """
+    format = "saved_model_session"
+    static_shapes = False
+
+    def __init__(self, path: str, tags: frozenset[str]):
+        self._session = tf.compat.v1.Session(graph=tf.Graph())
+        graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
+        self.signatures = model_format.signature_infos(graph)
+        self._callables: dict[tuple[str, tuple[str, ...]], object] = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        info = self.signatures[key]
+        feeds = sorted(info.inputs)
+        missing = sorted(set(feeds) - set(inputs))
+        if missing:
+            raise invalid(f"Signature {key!r} needs the inputs {missing}")
+        run = self._callable(key, tuple(output_names))
+        try:
+            values = run(*(inputs[name] for name in feeds))
+        except tf.errors.OpError as error:
+            raise status_error(error) from None
+        except (TypeError, ValueError) as error:
+            raise invalid(str(error).splitlines()[0]) from None
+        return dict(zip(output_names, values))
+
+    def _callable(self, key: str, output_names: tuple[str, ...]):
+        with self._lock:
+            run = self._callables.get((key, output_names))
+            if run is None:
+                info = self.signatures[key]
+                run = self._session.make_callable([info.outputs[name].name for name in output_names],
+                                                  feed_list=[info.inputs[name].name for name in sorted(info.inputs)])
+                self._callables[(key, output_names)] = run
+            return run
