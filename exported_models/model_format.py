@@ -33,7 +33,7 @@ DEFAULT_SIGNATURE = "serving_default"
 _INTERNAL_SIGNATURES = ("__saved_model_init_op",)
 
 logger = logging.getLogger(__name__)
-_warned_duplicates: set[tuple[str, str, str]] = set()
+_warned_duplicates: set[tuple[str, str, tuple[str, ...]]] = set()
 
 
 
@@ -66,25 +66,24 @@ def version_dirs(base_path: str) -> dict[int, str]:
         names = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(base))
     except tf.errors.OpError:
         return {}
-    found: dict[int, str] = {}
+    by_version: dict[int, list[str]] = {}
     for name in names:
-        if not (name.isascii() and name.isdigit()) or not any(
+        if name.isascii() and name.isdigit() and any(
                 tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in (SAVED_MODEL_FILE, TFLITE_FILE)):
-            continue
-        version = int(name)
-        if version in found:
-            _warn_duplicate(base, version, name, os.path.basename(found[version]))
-        found[version] = f"{base}/{name}"
-    return dict(sorted(found.items()))
+            by_version.setdefault(int(name), []).append(name)
+    for version, found in by_version.items():
+        if len(found) > 1:
+            _warn_duplicates(base, version, found[-1], tuple(found[:-1]))
+    return {version: f"{base}/{found[-1]}" for version, found in sorted(by_version.items())}
 
 
-def _warn_duplicate(base: str, version: int, used: str, ignored: str) -> None:
-    """Once per process and folder pair: the source polls every second."""
+def _warn_duplicates(base: str, version: int, used: str, ignored: tuple[str, ...]) -> None:
+    """Once per process and set of folders: the source polls every second."""
     if (base, used, ignored) in _warned_duplicates:
         return
     _warned_duplicates.add((base, used, ignored))
     logger.warning("duplicate version folders", extra={"fields": {
-        "base_path": base, "version": version, "loaded_from": used, "ignored": ignored}})
+        "base_path": base, "version": version, "loaded_from": used, "ignored": list(ignored)}})
 
 
 def exported_versions(base_path: str) -> list[int]:

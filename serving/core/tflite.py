@@ -3,11 +3,13 @@
 The signatures are the file's own (its signature runners), with the interpreter's tensor names, as TF Serving
 reports them. A file without any gets TF Serving's generated one: `serving_default`, a predict signature over
 the model's input and output tensors named without their `:0`. Every run resizes the inputs to the request's
-shapes. One interpreter serves the version and is not thread-safe, so runs take turns on it.
+shapes. One interpreter serves the version and is not thread-safe, so runs take turns on it; it uses as many
+threads as a TF2 model's intra-op pool.
 """
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -35,7 +37,9 @@ class TfLiteModel:
 
     def __init__(self, path: str):
         threads = tf.config.threading.get_intra_op_parallelism_threads() or None
-        self._interpreter = tf.lite.Interpreter(model_path=path, num_threads=threads)
+        with warnings.catch_warnings():  # its deprecation notice (for ai_edge_litert) would print on every load
+            warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated", category=UserWarning)
+            self._interpreter = tf.lite.Interpreter(model_path=path, num_threads=threads)
         self._lock = threading.Lock()
         self._runners = {key: self._interpreter.get_signature_runner(key)
                          for key in self._interpreter.get_signature_list()}
