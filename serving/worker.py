@@ -70,6 +70,7 @@ def _start_tensorflow_niced(nice: int) -> None:
             except OSError as error:  # a sandbox that forbids it: the model runs at the normal priority
                 logger.warning("could not lower TensorFlow's thread priority", extra={"fields": {"error": str(error)}})
         tf.config.list_logical_devices()  # initialises the runtime, which creates its thread pools
+        tf.compat.v1.Session(graph=tf.Graph()).close()  # and the inter-op pool every TF1 model's Session shares
 
     thread = threading.Thread(target=start, name="petal-tf-start")
     thread.start()
