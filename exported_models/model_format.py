@@ -4,7 +4,8 @@ Training writes through it, and the server, `petal predict` and batch jobs read 
 drift between the two sides. It imports TensorFlow's file and proto modules only: never Keras (the server does not
 need it) and never Flask or Beam.
 
-Layout (TF Serving's): `<base>/<name>/<version>/` where `<version>` is an integer directory holding
+Layout (TF Serving's): `<base>/<name>/<version>/` where `<version>` is an integer directory (Petal writes plain
+digits and reads zero-padded ones too, `00000123`; the path is always the folder as found) holding
 `saved_model.pb`, `variables/`, `assets/labels.txt` (one class name per line, in class-id order) and
 `assets.extra/tf_serving_warmup_requests` (a TFRecord of `tensorflow.serving.PredictionLog`).
 """

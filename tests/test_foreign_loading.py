@@ -20,6 +20,8 @@ from exported_models import model_format
 from exported_models.model_format import WarmupRequest
 from server_harness import copy_model, jpeg, run_server, tiny_model_base
 from serving.client import cli as predict_cli
+from serving.core.loaders import LoadOptions
+from serving.core.servable import Servable
 
 TIMEOUT = 60
 
@@ -68,6 +70,19 @@ def test_petal_predict_reads_a_padded_version_folder(tmp_path, capsys):
     from_padded = capsys.readouterr().out
     assert predict_cli.main([str(image), "--model_base_path", tiny_model_base(), "--format", "json"]) == 0
     assert from_padded == capsys.readouterr().out and '"predictions"' in from_padded
+
+
+def test_saved_model_tags_are_comma_separated_and_must_match_a_meta_graph(tmp_path):
+    assert LoadOptions.from_flags("serve, gpu,,", False).tags == {"serve", "gpu"}
+    assert LoadOptions.from_flags("", True) == LoadOptions(frozenset({"serve"}), True)
+    version = f"{foreign_models.tf1_half_plus_two(str(tmp_path), ('1',))}/1"
+    refused = r"no meta graph with tags \['gpu', 'serve'\]; the SavedModel has \[\['serve'\]\]"
+    with pytest.raises(ValueError, match=refused):
+        Servable("m", 1, version, LoadOptions.from_flags("serve,gpu", False))
+    servable = Servable("m", 1, version, LoadOptions.from_flags("serve", False))
+    assert (servable.format, servable.static_shapes) == ("saved_model_session", False)
+    x = np.array([1.0, 2.0], np.float32)
+    assert servable.run("predict_x_to_y2", {"x": x}, ["y"])["y"].tolist() == [3.5, 4.0]
 
 
 # --- served ---------------------------------------------------------------------------------------------------
@@ -124,7 +139,8 @@ def grpc_call(server, method: str, request, service=prediction_service_pb2_grpc.
         return getattr(service(channel), method)(request, timeout=TIMEOUT)
 
 
-def predict_request(model: str, signature: str = "", version: int | None = None, **inputs) -> predict_pb2.PredictRequest:
+def predict_request(model: str, signature: str = "", version: int | None = None,
+                    **inputs) -> predict_pb2.PredictRequest:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
     request.model_spec.signature_name = signature

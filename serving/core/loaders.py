@@ -51,7 +51,8 @@ class Loaded(Protocol):
 
 def status_error(error: tf.errors.OpError) -> ServingError:
     """TensorFlow's error codes are the status codes, so the code carries over as it is."""
-    return ServingError(Code[error_codes_pb2.Code.Name(error.error_code)], op_error_message(error.message) or str(error))
+    code = Code[error_codes_pb2.Code.Name(error.error_code)]
+    return ServingError(code, op_error_message(error.message) or str(error))
 
 
 def load(path: str, options: LoadOptions) -> Loaded:
@@ -90,8 +91,8 @@ class FunctionModel:
 class SessionModel:
     """A TF1 SavedModel in a Session of its own, as TF Serving's SavedModelBundle holds it.
 
-    The Session takes its thread settings from TensorFlow's context (serving/worker.py sets them), and its CPU
-    device shares the process's intra-op pool, so a TF1 model runs on the same threads as a TF2 one. Each
+    The Session takes its thread counts from TensorFlow's context, which serving/worker.py sets for TF2 models
+    too, and runs on the inter-op pool that every Session shares, which serving/worker.py starts niced. Each
     (signature, outputs) pair gets one callable: `make_callable` feeds by tensor name and skips Python's
     feed-shape check, which TF Serving does not have either.
     """
@@ -111,9 +112,8 @@ class SessionModel:
         missing = sorted(set(feeds) - set(inputs))
         if missing:
             raise invalid(f"Signature {key!r} needs the inputs {missing}")
-        run = self._callable(key, tuple(output_names))
-        try:
-            values = run(*(inputs[name] for name in feeds))
+        try:  # a signature of sparse or ragged tensors has no tensor names to run by: refused like bad input
+            values = self._callable(key, tuple(output_names))(*(inputs[name] for name in feeds))
         except tf.errors.OpError as error:
             raise status_error(error) from None
         except (TypeError, ValueError) as error:
