@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -83,6 +84,24 @@ def test_saved_model_tags_are_comma_separated_and_must_match_a_meta_graph(tmp_pa
     assert (servable.format, servable.static_shapes) == ("saved_model_session", False)
     x = np.array([1.0, 2.0], np.float32)
     assert servable.run("predict_x_to_y2", {"x": x}, ["y"])["y"].tolist() == [3.5, 4.0]
+
+
+def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_path):
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    version = foreign_models.tf2_module(str(tmp_path))
+    model = flatbuffer_utils.read_model(foreign_models.tflite_beside(version))
+    model.signatureDefs = []  # as older converters wrote them
+    flatbuffer_utils.write_model(model, f"{version}/{model_format.TFLITE_FILE}")
+    servable = Servable("m", 1, version, LoadOptions(prefer_tflite=True))
+    assert list(servable.signatures) == ["serving_default"] and servable.format == "tflite"
+    info = servable.signatures["serving_default"]
+    assert list(info.inputs) == ["serving_default_x"]  # the key without ":0", the tensor name with it
+    assert info.inputs["serving_default_x"].name == "serving_default_x:0"
+    (output,) = info.outputs
+    for x in ([1.0, 2.0, 5.0], [4.0]):
+        got = servable.run("serving_default", {"serving_default_x": np.array(x, np.float32)})
+        assert got[output].tolist() == [0.5 * v + 2 for v in x]
 
 
 # --- served ---------------------------------------------------------------------------------------------------
@@ -287,6 +306,17 @@ def test_prefer_tflite_serves_the_interpreter_with_its_signatures(tflite_server)
     assert response.status_code == 200, response.text
     assert response.json() == {"outputs": [[2.5], [3.0]]}
     assert warmed(tflite_server)[("tf2", "3")] == 1  # the Predict warmup record ran on the interpreter
+
+
+def test_prefer_tflite_answers_concurrent_requests_each_with_its_own_rows(tflite_server):
+    """One interpreter per version, not thread-safe: concurrent requests of different sizes must not mix."""
+    def call(rows: int) -> bool:
+        x = np.arange(rows, dtype=np.float32) + rows
+        reply = grpc_call(tflite_server, "Predict", predict_request("tf2", x=x))
+        return np.allclose(tf.make_ndarray(reply.outputs["y"]), 0.5 * x + 2)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(call, [1 + i % 7 for i in range(48)], timeout=TIMEOUT))
 
 
 def test_prefer_tflite_refuses_bad_input_as_invalid_argument(tflite_server):
