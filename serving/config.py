@@ -312,19 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
     flag("--rest_api_enable_cors_support", default=False, help="CORS for every origin, as "
-         "--cors_allowed_origins=* (which takes precedence)", **boolean)
+         "--cors_allowed_origins=*; --cors_allowed_origins, when given, takes precedence", **boolean)
     flag("--cors_allowed_origins", type=parse_origins, default=d.cors_allowed_origins, metavar="ORIGINS",
          help="(Petal) comma-separated origins whose pages may call the REST and V2 APIs (CORS), or *; "
          "default: none, same-origin only")
     flag("--disable_web_ui", default=d.disable_web_ui, help="(Petal) no web pages at /, /models and /docs; "
          "the APIs stay", **boolean)
-    flag("--ssl_config_file", default=d.ssl_config_file, help="text-format SSLConfig (PEM text of server_key, server_cert, "
-         "custom_ca; client_verify): TLS on both ports (TF Serving: gRPC only)")
-    flag("--auth_token_file", default=d.auth_token_file, help="(Petal) bearer tokens, one per line, optionally followed by a "
-         "space and the role `admin`; without it no token is asked for")
-    flag("--enable_model_control", default=d.enable_model_control, help="(Petal) without --auth_token_file, allow the reload "
-         "RPC (HandleReloadConfigRequest) to anyone who reaches the gRPC port", **boolean)
-    flag("--metrics_require_auth", default=d.metrics_require_auth, help="(Petal) the metrics path needs a token too", **boolean)
+    flag("--ssl_config_file", default=d.ssl_config_file, help="text-format SSLConfig (PEM text of server_key, "
+         "server_cert, custom_ca; client_verify): TLS on both ports (TF Serving: gRPC only)")
+    flag("--auth_token_file", default=d.auth_token_file, help="(Petal) bearer tokens, one per line, optionally "
+         "followed by a space and the role `admin`; without it no token is asked for")
+    flag("--enable_model_control", default=d.enable_model_control, help="(Petal) without --auth_token_file, allow "
+         "the reload RPC (HandleReloadConfigRequest) to anyone who reaches the gRPC port", **boolean)
+    flag("--metrics_require_auth", default=d.metrics_require_auth, help="(Petal) the metrics path needs a token too",
+         **boolean)
     flag("--model_root", default=d.model_root, help="(Petal) every model base path (flags, config file, reload RPC) "
          "must resolve inside this folder")
     flag("--access_log", default=d.access_log, help="(Petal) one JSON line per request on stderr", **boolean)

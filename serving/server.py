@@ -184,6 +184,12 @@ def main(argv: list[str]) -> int:
     if not options.model_config_file and not os.path.isdir(options.model_base_path):
         logger.warning("model base path does not exist yet; waiting for versions to appear",
                        extra={"fields": {"model_base_path": options.model_base_path}})
+    if options.grpc_socket_path:
+        try:  # here, rather than in a worker once the models have loaded
+            unix_socket.check_free(options.grpc_socket_path)
+        except OSError as error:
+            print(f"petal serve: {error}", file=sys.stderr)
+            return 2
     models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
     grpc_on = ([bind_address(options.host, options.port)] if options.port else []) + (
         [f"unix:{options.grpc_socket_path}"] if options.grpc_socket_path else [])

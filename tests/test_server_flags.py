@@ -7,6 +7,8 @@ import dataclasses
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -225,3 +227,16 @@ def test_a_stale_socket_may_be_replaced_but_a_live_one_or_another_file_never(tmp
         unix_socket.check_free(str(regular))
     unix_socket.remove_stale(str(regular))
     assert regular.read_text() == "keep me"
+
+
+def test_a_socket_path_petal_cannot_bind_fails_at_start_naming_it(tmp_path):
+    with pytest.raises(OSError, match="longer than a Unix socket path"):
+        unix_socket.check_free("/tmp/" + "s" * 103)
+    with pytest.raises(OSError, match="its folder does not exist"):
+        unix_socket.check_free(str(tmp_path / "missing" / "grpc.sock"))
+    taken = tmp_path / "grpc.sock"
+    taken.write_text("not a socket")
+    result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--grpc_socket_path={taken}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"--grpc_socket_path {str(taken)!r} exists and is not a socket" in result.stderr
+    assert taken.read_text() == "not a socket"

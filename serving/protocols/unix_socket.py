@@ -16,6 +16,7 @@ import stat
 
 LOCK_FILE = "grpc_socket.lock"
 PROBE_TIMEOUT_S = 1.0
+MAX_PATH_BYTES = 107  # sockaddr_un's sun_path, less its terminating NUL
 
 _held: list[int] = []  # the lock's descriptor, open for as long as this worker lives
 
@@ -38,6 +39,10 @@ def claim(lock_dir: str) -> bool:
 def check_free(path: str) -> None:
     """OSError unless the path is free or holds a stale socket (one nobody listens on), which gRPC replaces. A file
     that is not a socket, or a socket another server answers on, is never removed."""
+    if len(os.fsencode(path)) > MAX_PATH_BYTES:
+        raise OSError(f"--grpc_socket_path {path!r} is longer than a Unix socket path can be ({MAX_PATH_BYTES} bytes)")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise OSError(f"--grpc_socket_path {path!r}: its folder does not exist")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
