@@ -108,7 +108,8 @@ def create_app(core: Core) -> flask.Flask:
         """As TF Serving's clients expect, a model call made while the initial load runs is answered once it is
         over (or its REST deadline passes), rather than with "loading" or "not found"."""
         request = flask.request
-        if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS:
+        if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
+                and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
             core.wait_started(time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0)
 
     @app.errorhandler(ServingError)
