@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import importlib.metadata
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
@@ -13,6 +16,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
 from serving.memory import available_memory, default_pixel_budget
+from serving.model_server_flags import UNIMPLEMENTED
 from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
@@ -85,6 +89,8 @@ class Token:
 @dataclass
 class ServerOptions:
     port: int = 8500
+    grpc_socket_path: str = ""  # gRPC on this Unix socket too (serving/protocols/unix_socket.py)
+    grpc_max_threads: int = 64  # enough that requests can wait in the batcher together: a batch forms only from them
     rest_api_port: int = 8501
     host: str = "0.0.0.0"
     model_name: str = DEFAULT_MODEL_NAME
@@ -126,6 +132,8 @@ class ServerOptions:
     model_root: str = ""
     access_log: bool = False
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
+    # tensorflow_model_server flags given that change nothing in Petal, each with what Petal does instead
+    ineffective_flags: tuple[tuple[str, str], ...] = ()
     saved_model_tags: str = "serve"
     prefer_tflite_model: bool = False
 
@@ -250,28 +258,36 @@ def build_parser() -> argparse.ArgumentParser:
     boolean = {"type": parse_bool, "nargs": "?", "const": True, "metavar": "true|false"}
     d = ServerOptions()
     flag("--port", type=int, default=d.port, help="gRPC port; 0 turns gRPC off")
+    flag("--grpc_socket_path", default=d.grpc_socket_path,
+         help="also serve gRPC on this Unix socket file (with --workers > 1, one worker serves it)")
     flag("--rest_api_port", type=int, default=d.rest_api_port, help="REST (and KServe V2) port")
     flag("--host", default=d.host, help="address both ports bind to (Petal)")
     flag("--model_name", default=d.model_name)
     flag("--model_base_path", default=d.model_base_path)
-    flag("--model_config_file", default="", help="text-format ModelServerConfig; overrides --model_name/base_path")
-    flag("--model_config_file_poll_wait_seconds", type=float, default=0.0, help="re-read the config file; 0: never")
+    flag("--model_config_file", default=d.model_config_file,
+         help="text-format ModelServerConfig; overrides --model_name/base_path")
+    flag("--model_config_file_poll_wait_seconds", type=float, default=d.model_config_file_poll_wait_seconds,
+         help="re-read the config file; 0: never")
     flag("--file_system_poll_wait_seconds", type=float, default=d.file_system_poll_wait_seconds,
          help="poll model base paths for new versions; 0: once at startup")
-    flag("--enable_batching", default=True, help="on by default in Petal (off in TF Serving)", **boolean)
-    flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
+    flag("--enable_batching", default=d.enable_batching, help="on by default in Petal (off in TF Serving)", **boolean)
+    flag("--batching_parameters_file", default=d.batching_parameters_file, help="text-format BatchingParameters")
     flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
-    flag("--enable_model_warmup", default=True, **boolean)
-    flag("--tensorflow_intra_op_parallelism", type=int, default=0,
+    flag("--enable_model_warmup", default=d.enable_model_warmup, **boolean)
+    flag("--tensorflow_intra_op_parallelism", type=int, default=d.tensorflow_intra_op_parallelism,
          help="0: the cores split between the model's callers (workers x batch threads)")
-    flag("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: the cores")
+    flag("--tensorflow_inter_op_parallelism", type=int, default=d.tensorflow_inter_op_parallelism, help="0: the cores")
     flag("--tensorflow_thread_nice", type=int, default=d.tensorflow_thread_nice, choices=range(20), metavar="0-19",
          help="(Petal) how much lower TensorFlow's compute threads run than the threads that read and answer "
          "requests (Linux nice); 0: the same")
-    flag("--tensorflow_session_parallelism", type=int, default=0, help="accepted for compatibility; unused")
-    flag("--monitoring_config_file", default="", help="text-format MonitoringConfig (prometheus_config)")
+    flag("--tensorflow_session_parallelism", type=int, default=0,
+         help="both of the two above, where neither is given")
+    flag("--monitoring_config_file", default=d.monitoring_config_file,
+         help="text-format MonitoringConfig (prometheus_config)")
     flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")
-    flag("--grpc_channel_arguments", default="", help="comma-separated key=value gRPC channel arguments")
+    flag("--grpc_channel_arguments", default=d.grpc_channel_arguments,
+         help="comma-separated key=value gRPC channel arguments")
+    flag("--grpc_max_threads", type=int, default=d.grpc_max_threads, help="gRPC threads per worker")
     flag("--workers", type=int, default=d.workers, help="(Petal) worker processes, each with its own model copy")
     flag("--worker_class", choices=WORKER_CLASSES, default=d.worker_class,
          help="(Petal) gevent: connections on an event loop, TensorFlow on OS threads; gthread: a thread per "
@@ -295,22 +311,33 @@ def build_parser() -> argparse.ArgumentParser:
          "0: half the memory limit over the workers, at most 1 GiB of pixels each; -1: no budget")
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
+    flag("--rest_api_enable_cors_support", default=False, help="CORS for every origin, as "
+         "--cors_allowed_origins=*; --cors_allowed_origins, when given, takes precedence", **boolean)
     flag("--cors_allowed_origins", type=parse_origins, default=d.cors_allowed_origins, metavar="ORIGINS",
          help="(Petal) comma-separated origins whose pages may call the REST and V2 APIs (CORS), or *; "
          "default: none, same-origin only")
     flag("--disable_web_ui", default=d.disable_web_ui, help="(Petal) no web pages at /, /models and /docs; "
          "the APIs stay", **boolean)
-    flag("--ssl_config_file", default="", help="text-format SSLConfig (PEM text of server_key, server_cert, "
-         "custom_ca; client_verify): TLS on both ports (TF Serving: gRPC only)")
-    flag("--auth_token_file", default="", help="(Petal) bearer tokens, one per line, optionally followed by a "
-         "space and the role `admin`; without it no token is asked for")
-    flag("--enable_model_control", default=False, help="(Petal) without --auth_token_file, allow the reload "
-         "RPC (HandleReloadConfigRequest) to anyone who reaches the gRPC port", **boolean)
-    flag("--metrics_require_auth", default=False, help="(Petal) the metrics path needs a token too", **boolean)
-    flag("--model_root", default="", help="(Petal) every model base path (flags, config file, reload RPC) "
+    flag("--ssl_config_file", default=d.ssl_config_file, help="text-format SSLConfig (PEM text of server_key, "
+         "server_cert, custom_ca; client_verify): TLS on both ports (TF Serving: gRPC only)")
+    flag("--auth_token_file", default=d.auth_token_file, help="(Petal) bearer tokens, one per line, optionally "
+         "followed by a space and the role `admin`; without it no token is asked for")
+    flag("--enable_model_control", default=d.enable_model_control, help="(Petal) without --auth_token_file, allow "
+         "the reload RPC (HandleReloadConfigRequest) to anyone who reaches the gRPC port", **boolean)
+    flag("--metrics_require_auth", default=d.metrics_require_auth, help="(Petal) the metrics path needs a token too",
+         **boolean)
+    flag("--model_root", default=d.model_root, help="(Petal) every model base path (flags, config file, reload RPC) "
          "must resolve inside this folder")
-    flag("--access_log", default=False, help="(Petal) one JSON line per request on stderr", **boolean)
-    flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the meta graph to load")
+    flag("--access_log", default=d.access_log, help="(Petal) one JSON line per request on stderr", **boolean)
+    flag("--version", default=False, help="print the version and exit", **boolean)
+    compatible = parser.add_argument_group("tensorflow_model_server flags Petal takes without implementing them",
+                                           "a value other than Petal's own behaviour is refused or warned about "
+                                           "(docs/flags.md)")
+    kinds = {"bool": boolean, "int": {"type": int}, "float": {"type": float}, "str": {}}
+    for unimplemented in UNIMPLEMENTED:
+        compatible.add_argument(f"--{unimplemented.name}", default=None, help=unimplemented.why,
+                                **kinds[unimplemented.kind])
+    flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the MetaGraph to load")
     flag("--prefer_tflite_model", default=False, help="serve a version's model.tflite when it has one", **boolean)
     return parser
 
@@ -319,8 +346,23 @@ def parse_args(argv: list[str]) -> ServerOptions:
     """Flags to options, reading the files they name, so a bad file fails at startup with its path."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    values = {k: v for k, v in vars(args).items() if k != "tensorflow_session_parallelism"}
-    options = ServerOptions(**values)
+    if args.version:
+        print(f"TensorFlow ModelServer: petal {importlib.metadata.version('petal')}\n"
+              f"TensorFlow Library: {importlib.metadata.version('tensorflow')}")
+        sys.exit(0)
+    names = {f.name for f in dataclasses.fields(ServerOptions)}
+    options = ServerOptions(**{k: v for k, v in vars(args).items() if k in names})
+    options.ineffective_flags = unimplemented_flags(parser, args)
+    if args.rest_api_port == 0:
+        parser.error("--rest_api_port=0: Petal always serves REST (its health probes live there); give it a port")
+    if args.rest_api_enable_cors_support and not options.cors_allowed_origins:
+        options.cors_allowed_origins = ("*",)
+    parallelism = args.tensorflow_session_parallelism
+    if parallelism > 0 and options.tensorflow_intra_op_parallelism > 0 and options.tensorflow_inter_op_parallelism > 0:
+        parser.error("give either --tensorflow_session_parallelism or --tensorflow_intra_op_parallelism and "
+                     "--tensorflow_inter_op_parallelism, not all three")
+    if parallelism > 0 and not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism):
+        options.tensorflow_intra_op_parallelism = options.tensorflow_inter_op_parallelism = parallelism
     try:
         if args.batching_parameters_file:
             options.batching = read_batching_parameters(args.batching_parameters_file)
@@ -343,8 +385,20 @@ def parse_args(argv: list[str]) -> ServerOptions:
                      "run")
     if options.tls and options.worker_class != "gevent":
         parser.error("--ssl_config_file needs --worker_class=gevent (the REST port's TLS lives in its worker)")
-    if min(options.workers, options.threads, options.max_connections) < 1:
-        parser.error("--workers, --threads and --max_connections must be at least 1")
+    if min(options.workers, options.threads, options.max_connections, options.grpc_max_threads) < 1:
+        parser.error("--workers, --threads, --max_connections and --grpc_max_threads must be at least 1")
     if min(options.keepalive_timeout, options.request_header_timeout, options.request_body_timeout) <= 0:
         parser.error("--keepalive_timeout, --request_header_timeout and --request_body_timeout must be positive")
     return options
+
+
+def unimplemented_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The flags of serving/model_server_flags.py given a value other than Petal's behaviour: those that change
+    nothing, with why, for the warning at start; a refused one ends start-up here, naming every one refused."""
+    given = [(flag, getattr(args, flag.name)) for flag in UNIMPLEMENTED]
+    given = [(flag, str(value).lower() if isinstance(value, bool) else value) for flag, value in given
+             if value is not None and value not in flag.petal]
+    refused = [f"--{flag.name}={value}: {flag.why}" for flag, value in given if flag.refuse]
+    if refused:
+        parser.error("; ".join(refused))
+    return tuple((f"--{flag.name}={value}", flag.why) for flag, value in given)

@@ -4,6 +4,8 @@ Each worker process is a complete server: it builds one Core (model repository +
 from gunicorn's event loop (serving/gevent_worker.py; `--worker_class=gthread` keeps the older thread per
 connection) and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every protocol batches onto the
 same model copy. TensorFlow is only imported in the workers, after the fork.
+As with TF Serving, gRPC opens only once the initial load is over, and the REST model APIs wait for it too, while
+the REST port answers its health probes from the start (serving/core/startup.py).
 On SIGTERM a worker turns readiness false, stops accepting, lets requests in flight finish, then exits; the
 master gives it --graceful_timeout.
 """
@@ -16,11 +18,14 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from serving.config import ServerOptions, TLSOptions, bind_address, parse_args
 from serving import metrics
+from serving.protocols import unix_socket
 
 logger = logging.getLogger(__name__)
 
@@ -28,28 +33,60 @@ WORKER_HEARTBEAT_TIMEOUT_S = 120
 REFUSAL_HEADROOM = 64  # connections past --max_connections that the gevent worker accepts only to refuse
 
 
+def serves_grpc(options: ServerOptions) -> bool:
+    return bool(options.port or options.grpc_socket_path)
+
+
+class GrpcAfterLoad:
+    """A worker's gRPC server, bound only once the worker's initial model load is over: a client that waits for
+    the port and then calls must find every configured model loaded, as with TF Serving. Until it is bound it
+    holds the worker's startup (so /readyz is not 200 before a gRPC client could connect)."""
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.server = None
+        threading.Thread(target=self._start, name="petal-grpc-start", daemon=True).start()
+
+    def _start(self) -> None:
+        from serving.protocols import grpc_api
+
+        self.core.wait_loaded()
+        try:
+            if not self.core.shutting_down:
+                self.server = grpc_api.start(self.core)
+        except Exception:  # a port in use, say: fail the way a worker that cannot boot does, stopping the server
+            logger.exception("gRPC failed to start")
+            os._exit(Arbiter.WORKER_BOOT_ERROR)
+        finally:
+            self.core.startup.port_opened()
+        if self.core.shutting_down:  # a SIGTERM that came while it bound found no server to stop
+            self.stop(self.core.options.graceful_timeout)
+
+    def stop(self, grace: float) -> threading.Event | None:
+        """Refuse new RPCs now and let running ones finish within `grace`; the event is set once it has stopped."""
+        return None if self.server is None else self.server.stop(grace)
+
+
 def _post_worker_init(worker) -> None:
-    """Start gRPC next to the REST app and hook SIGTERM so readiness drops before the drain."""
+    """Start gRPC next to the REST app (once the models have loaded) and hook SIGTERM so readiness drops before
+    the drain."""
     from serving import worker as process
 
     core = process.current()
     options: ServerOptions = core.options
     if options.workers > 1:
-        # Workers share the listening sockets, so a worker accepting before its models are loaded would answer
-        # "loading" (and fail /readyz) while its siblings serve. Each loads first; /healthz is up with the first.
+        # Workers share the listening sockets, so a worker accepting before its models are loaded would make REST
+        # calls wait while its siblings serve. Each loads first; /healthz is up with the first.
         core.wait_loaded()
-    grpc_server = None
-    if options.port:
-        from serving.protocols import grpc_api as grpc_module
-        grpc_server = grpc_module.start(core)
+    grpc_server = GrpcAfterLoad(core) if serves_grpc(options) else None
     worker.petal_grpc = grpc_server
     gunicorn_handler = worker.handle_exit
 
     def on_sigterm(sig, frame) -> None:
         core.begin_shutdown()
         if grpc_server is not None:
-            # refuses new RPCs now, lets running ones finish; under gevent a signal handler runs on the loop,
-            # where a blocking call is not allowed, so the stop runs in a greenlet of its own
+            # under gevent a signal handler runs on the loop, where a blocking call is not allowed, so the stop
+            # runs in a greenlet of its own
             if options.worker_class == "gevent":
                 import gevent
                 gevent.spawn(grpc_server.stop, options.graceful_timeout)
@@ -65,8 +102,9 @@ def _worker_exit(server, worker) -> None:
     from serving import worker as process
 
     grpc_server = getattr(worker, "petal_grpc", None)
-    if grpc_server is not None:
-        grpc_server.stop(worker.cfg.graceful_timeout).wait(worker.cfg.graceful_timeout)
+    stopped = None if grpc_server is None else grpc_server.stop(worker.cfg.graceful_timeout)
+    if stopped is not None:
+        stopped.wait(worker.cfg.graceful_timeout)
     try:
         process.current().close()
     except RuntimeError:
@@ -135,16 +173,27 @@ class PetalApplication(BaseApplication):
         from serving.worker import create_core
         from serving.protocols.app import create_app
 
-        return create_app(create_core(self.options))
+        return create_app(create_core(self.options, ports_to_open=int(serves_grpc(self.options))))
 
 
 def main(argv: list[str]) -> int:
     options = parse_args(argv)
+    if options.ineffective_flags:
+        logger.warning("tensorflow_model_server flags that change nothing in Petal",
+                       extra={"fields": {"flags": dict(options.ineffective_flags)}})
     if not options.model_config_file and not os.path.isdir(options.model_base_path):
         logger.warning("model base path does not exist yet; waiting for versions to appear",
                        extra={"fields": {"model_base_path": options.model_base_path}})
+    if options.grpc_socket_path:
+        try:  # here, rather than in a worker once the models have loaded
+            unix_socket.check_free(options.grpc_socket_path)
+        except OSError as error:
+            print(f"petal serve: {error}", file=sys.stderr)
+            return 2
     models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
-    grpc = f", gRPC on {bind_address(options.host, options.port)}" if options.port else ""
+    grpc_on = ([bind_address(options.host, options.port)] if options.port else []) + (
+        [f"unix:{options.grpc_socket_path}"] if options.grpc_socket_path else [])
+    grpc = f", gRPC on {' and '.join(grpc_on)}" if grpc_on else ""
     scheme = "https" if options.tls else "http"
     rest = f"{scheme}://{bind_address(options.host, options.rest_api_port)}"
     # a wildcard address is not one a browser can open; this machine's own name is
@@ -172,6 +221,8 @@ def main(argv: list[str]) -> int:
         PetalApplication(options, tls_files).run()
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+        if options.grpc_socket_path:
+            unix_socket.remove_stale(options.grpc_socket_path)
     return 0
 
 

@@ -10,10 +10,16 @@ gthread request threads and gRPC's threads wait on a plain threading.Event, as b
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
+
+# A deadline further off than this is no deadline: no request waits that long, and a wait's timeout past
+# threading.TIMEOUT_MAX (about 292 years) raises OverflowError instead of waiting. gRPC clients such as Triton's
+# perf_analyzer send deadlines that far.
+FAR_DEADLINE_S = 365 * 24 * 3600.0
 
 _loop: dict[str, object] = {}  # "thread": ident of this worker's gevent loop thread, "pool": its OS thread pool
 
@@ -21,6 +27,15 @@ _loop: dict[str, object] = {}  # "thread": ident of this worker's gevent loop th
 class Waker(Protocol):
     def set(self) -> None: ...
     def wait(self, timeout: float | None) -> bool: ...
+
+
+def timeout_until(deadline: float | None) -> float | None:
+    """What a wait for `deadline` (time.monotonic() seconds) passes as its timeout: at least 0, and None (wait
+    without a limit) for no deadline or one beyond FAR_DEADLINE_S."""
+    if deadline is None:
+        return None
+    remaining = deadline - time.monotonic()
+    return None if remaining > FAR_DEADLINE_S else max(0.0, remaining)
 
 
 def serve_on_gevent_loop(os_threads: int) -> None:

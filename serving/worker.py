@@ -77,15 +77,16 @@ def _start_tensorflow_niced(nice: int) -> None:
     thread.join()
 
 
-def create_core(options: ServerOptions) -> Core:
-    """Build this process's core and start loading its models in the background (readiness reports progress).
+def create_core(options: ServerOptions, ports_to_open: int = 0) -> Core:
+    """Build this process's core and start loading its models in the background (readiness reports progress);
+    it has started once they have loaded and `core.startup` has heard of each port opened.
 
     With several workers, a reload RPC reaches one of them; that worker applies it and publishes the config in
     --workers' shared directory, which every worker watches the way it watches --model_config_file.
     """
     global _current
     _configure_tensorflow(options)
-    core = Core.create(options)
+    core = Core.create(options, ports_to_open)
     watched: list[tuple[str, float, bytes]] = []
     if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
         watched.append((options.model_config_file, options.model_config_file_poll_wait_seconds,

@@ -45,8 +45,7 @@ class PixelBudget:
             return True
         with self._cond:
             fits = lambda: self._held == 0 or self._held + pixels <= self.limit  # noqa: E731
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._cond.wait_for(fits, timeout):
+            if not self._cond.wait_for(fits, threads.timeout_until(deadline)):
                 return False
             self._held += pixels
             return True
@@ -219,8 +218,7 @@ class Batcher:
             self._cond.notify()
 
     def _wait(self, task: _Task, deadline: float | None) -> None:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not task.done.wait(timeout):
+        if not task.done.wait(threads.timeout_until(deadline)):
             raise deadline_exceeded("Deadline exceeded while the request was queued or running")
         if task.error is not None:
             raise task.error

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Union
@@ -24,6 +25,7 @@ from serving.metrics import Metrics
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
+from serving.core.startup import Startup
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -93,6 +95,7 @@ class Core:
     shutting_down: bool = False
     # Set by the worker when several processes serve: hands a reloaded config to the others.
     publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
+    startup: Startup = field(default_factory=lambda: Startup(loaded=True))
 
     # --- inference ---------------------------------------------------------------------------------------------
 
@@ -187,7 +190,7 @@ class Core:
             return servable.version, servable.signatures
 
     def ready(self) -> bool:
-        return not self.shutting_down and self.repository.ready()
+        return not self.shutting_down and self.startup.done and self.repository.ready()
 
     def model_ready(self, model: str, version: int | None = None) -> bool:
         return not self.shutting_down and self.repository.model_ready(model, version)
@@ -206,6 +209,12 @@ class Core:
     def wait_loaded(self) -> None:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
         self.repository.wait_first_pass()
+        self.startup.loaded()
+
+    def wait_started(self, deadline: float | None = None) -> bool:
+        """Block until the initial load is over and the worker's ports are open (serving/core/startup.py), or
+        until the deadline; whether it started."""
+        return self.startup.wait(deadline)
 
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
         """Serve these models from now on; `publish` passes the config on to the other workers, if any."""
@@ -228,8 +237,9 @@ class Core:
         self.batcher.close()
 
     @classmethod
-    def create(cls, options: ServerOptions) -> "Core":
-        """A core for these options, its models loading in the background (readiness reports progress)."""
+    def create(cls, options: ServerOptions, ports_to_open: int = 0) -> "Core":
+        """A core for these options, its models loading in the background (readiness reports progress). It has
+        started once they have loaded and the caller has told `core.startup` of each port it opened."""
         metrics = Metrics()
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching,
                           pixel_budget=PixelBudget(options.max_inflight_pixels))
@@ -238,6 +248,8 @@ class Core:
                                 drain_seconds=options.graceful_timeout,
                                 load_options=LoadOptions.from_flags(options.saved_model_tags,
                                                                     options.prefer_tflite_model))
-        core = cls(repository=repository, batcher=batcher, metrics=metrics, options=options)
+        core = cls(repository=repository, batcher=batcher, metrics=metrics, options=options,
+                   startup=Startup(ports_to_open))
         repository.start()
+        threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()
         return core

@@ -21,6 +21,10 @@ from serving.protocols.httputil import error_response, json_response
 logger = logging.getLogger(__name__)
 # Routes that orchestrators probe without credentials: liveness and readiness, Petal's and KServe V2's.
 PROBE_ENDPOINTS = frozenset({"healthz", "readyz", "kserve_v2.live", "kserve_v2.ready"})
+# The model APIs, which wait for the worker's start-up (serving/core/startup.py); V2's per-model readiness is a
+# probe and answers at once.
+MODEL_API_BLUEPRINTS = frozenset({"tfserving_v1", "kserve_v2"})
+NO_WAIT_ENDPOINTS = PROBE_ENDPOINTS | {"kserve_v2.model_ready", "kserve_v2.server_metadata"}
 # The web pages, the API docs and the contract they render load without a token: the page is what asks for one.
 OPEN_BLUEPRINTS = web.BLUEPRINTS | {"openapi"}
 
@@ -98,6 +102,15 @@ def create_app(core: Core) -> flask.Flask:
                 or (request.blueprint or "") in OPEN_BLUEPRINTS:
             return
         authenticator.check(request.headers.get("Authorization"), auth.PREDICT)
+
+    @app.before_request
+    def wait_for_startup() -> None:
+        """As TF Serving's clients expect, a model call made while the initial load runs is answered once it is
+        over (or its REST deadline passes), rather than with "loading" or "not found"."""
+        request = flask.request
+        if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
+                and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
+            core.wait_started(time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0)
 
     @app.errorhandler(ServingError)
     def serving_error(error: ServingError) -> flask.Response:

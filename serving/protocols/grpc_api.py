@@ -2,7 +2,9 @@
 
 Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
 Core (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
-with the workers exactly like REST does and no process ever holds a second copy of a model.
+with the workers exactly like REST does and no process ever holds a second copy of a model. With
+--grpc_socket_path one worker's server also listens on that Unix socket (serving/protocols/unix_socket.py), with
+the same TLS, tokens and limits.
 `Gate`, a server interceptor, asks serving/protocols/auth.py about every call but the health service's, and
 writes the access log; --ssl_config_file puts the port behind TLS.
 """
@@ -26,13 +28,11 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 
 from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.core import DEFAULT_SIGNATURE, Code, Core, ServingError, SignatureInfo, invalid
-from serving.protocols import access_log, auth
+from serving import threads
+from serving.protocols import access_log, auth, unix_socket
 
 log = logging.getLogger(__name__)
 
-# Enough threads that requests can wait in the batcher together; a batch can only form from requests that
-# are already being handled concurrently.
-RPC_THREADS = 64
 REGRESS_METHOD = "tensorflow/serving/regress"
 HEALTH_WATCH_PERIOD_S = 0.2
 # Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
@@ -76,8 +76,10 @@ def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
 
 
 def deadline_of(context: grpc.ServicerContext) -> float | None:
+    """The call's deadline in time.monotonic() seconds; None without one, or with one so far off that it is none
+    (a client such as Triton's perf_analyzer sets years)."""
     remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
+    return None if remaining is None or remaining > threads.FAR_DEADLINE_S else time.monotonic() + remaining
 
 
 def resolved_spec(name: str, version: int, signature_name: str) -> model_pb2.ModelSpec:
@@ -320,9 +322,16 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
-def start(core: Core) -> grpc.Server:
-    """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT)."""
+def start(core: Core) -> grpc.Server | None:
+    """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
+    --grpc_socket_path if this worker serves it; None when it has neither to serve."""
     o: ServerOptions = core.options
+    addresses = [bind_address(o.host, o.port)] if o.port else []
+    if o.grpc_socket_path and unix_socket.claim(o.reload_dir):
+        unix_socket.check_free(o.grpc_socket_path)
+        addresses.append(f"unix:{o.grpc_socket_path}")
+    if not addresses:
+        return None
     options = [("grpc.so_reuseport", 1),
                ("grpc.max_receive_message_length", o.grpc_max_message_bytes),
                ("grpc.max_send_message_length", o.grpc_max_message_bytes)]
@@ -330,20 +339,20 @@ def start(core: Core) -> grpc.Server:
     if o.access_log:
         access_log.enable()
     gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="grpc"),
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
                          options=options, interceptors=[gate])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
-    address = bind_address(o.host, o.port)
-    try:
-        bound = (server.add_secure_port(address, server_credentials(o.tls)) if o.tls else
-                 server.add_insecure_port(address))
-    except RuntimeError as exc:
-        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
-    if not bound:
-        raise OSError(f"cannot bind gRPC to {address}")
+    for address in addresses:
+        try:
+            bound = (server.add_secure_port(address, server_credentials(o.tls)) if o.tls else
+                     server.add_insecure_port(address))
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+        if not bound:
+            raise OSError(f"cannot bind gRPC to {address}")
     server.start()
-    log.info("gRPC server started", extra={"fields": {"address": address, "tls": bool(o.tls),
+    log.info("gRPC server started", extra={"fields": {"addresses": addresses, "tls": bool(o.tls),
                                                       "max_message_bytes": o.grpc_max_message_bytes}})
     return server
