@@ -11,6 +11,7 @@ from tensorflow.core.protobuf import error_codes_pb2
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
+from serving.core import examples
 from serving.core.errors import Code, ServingError, invalid, op_error_message
 from serving.metrics import Metrics
 
@@ -52,11 +53,17 @@ class Servable:
         return {k: v.numpy() for k, v in outputs.items()}
 
     def warmup(self, metrics: Metrics) -> int:
-        """Replay the version's warmup requests (SPEC §3); a failure fails the load."""
+        """Replay the version's warmup requests (Predict, Classify, Regress, MultiInference); a failure fails
+        the load."""
         count = 0
         for request in model_format.read_warmup(self.path):
-            key, _ = self.signature(request.signature_name)
-            self.run(key, request.inputs)
+            if request.examples is None:
+                key, _ = self.signature(request.signature_name)
+                self.run(key, request.inputs)
+            for method, signature_name in request.tasks:
+                key, info = self.signature(signature_name)
+                examples.output_names(method, info)
+                self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
             count += 1
         metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
         return count
