@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Union
 
 import numpy as np
+import tensorflow as tf
 from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -225,7 +226,8 @@ class Core:
 
         Inputs batch, as in TF Serving's batching session, when the signature lets dimension 0 vary (-1 or an
         unknown rank) and every input has one; with batching on, inputs that then differ in it are refused with
-        TF Serving's message."""
+        TF Serving's message. An input the request leaves out takes the signature's default, if it has one."""
+        inputs = {**{k: tf.make_ndarray(v) for k, v in info.defaults.items() if k not in inputs}, **inputs}
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
         if missing or extra:
@@ -240,7 +242,7 @@ class Core:
                 raise invalid("Batching Run() input tensors must have at least one dimension")
             if len({a.shape[0] for a in arrays.values()}) > 1:
                 raise invalid("Batching Run() input tensors must have equal 0th-dimension size, got "
-                              + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
+                              + ", ".join(f"{k}: {a.shape[0]}" for k, a in sorted(arrays.items())))
         if not batched or any(a.ndim == 0 for a in arrays.values()) or \
                 len({a.shape[0] for a in arrays.values()}) > 1:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])

@@ -9,7 +9,7 @@ example's feature overrides the context's feature of the same name, exactly as T
 InputToSerializedExampleTensor does. The REST form's JSON features follow TF Serving's json_tensor.cc: integers
 and booleans are int64_list, other numbers float_list, strings and {"b64"} bytes_list.
 
-Engine-free (numpy and protos), so the dataplane and the warmup replay both use it.
+No model runs here (numpy and protos), so the dataplane and the warmup replay both use it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import input_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
@@ -195,12 +197,16 @@ def _shape(array: np.ndarray) -> str:
     return "[" + ",".join(str(d) for d in array.shape) + "]"
 
 
+def _dtype_name(array: np.ndarray) -> str:
+    """TF's name of an output's dtype (DT_DOUBLE, not float64), as TF Serving's messages print it."""
+    return "DT_STRING" if array.dtype == object else types_pb2.DataType.Name(tf.as_dtype(array.dtype).as_datatype_enum)
+
+
 def _matrix(array: np.ndarray, what: str, kind: str, rows: int) -> None:
     if array.ndim != 2:
         raise invalid(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(array)}")
     if (array.dtype == object) != (kind == "DT_STRING") or (kind == "DT_FLOAT" and array.dtype != np.float32):
-        got = "DT_STRING" if array.dtype == object else f"DT_{array.dtype.name.upper()}"
-        raise invalid(f"Expected {what} Tensor of {kind}. Got: {got}")
+        raise invalid(f"Expected {what} Tensor of {kind}. Got: {_dtype_name(array)}")
     if array.shape[0] != rows:
         raise invalid(f"Expected {what} output batch size of {rows}. Got: {array.shape[0]}")
 
@@ -232,8 +238,7 @@ def regressions(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
     if values.shape[0] != rows:
         raise invalid(f"Input batch size did not match output batch size: {rows} vs. {values.shape[0]}")
     if values.dtype != np.float32:
-        got = "DT_STRING" if values.dtype == object else f"DT_{values.dtype.name.upper()}"
-        raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {got}")
+        raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {_dtype_name(values)}")
     return values.reshape(-1).tolist()
 
 
