@@ -8,21 +8,27 @@ conversion in-process against the rules of TF Serving's json_tensor.cc and util.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import re
 
 import grpc
 import numpy as np
 import pytest
 import requests
+import tensorflow as tf
 from tensorflow.core.example import example_pb2
-from tensorflow_serving.apis import (classification_pb2, inference_pb2, input_pb2, prediction_service_pb2_grpc,
-                                     regression_pb2)
+from tensorflow_serving.apis import (classification_pb2, inference_pb2, input_pb2, prediction_log_pb2,
+                                     prediction_service_pb2_grpc, regression_pb2)
+
+from exported_models.model_format import WARMUP_FILE
 
 from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
 from server_harness import run_server
 from serving.core import ServingError, SignatureInfo, TensorInfo, input_from_json
 from serving.core.examples import (CLASSIFY_METHOD, REGRESS_METHOD, classifications, output_names, regressions,
                                    serialized_examples)
+from serving.core.servable import Servable
+from serving.metrics import Metrics
 
 BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
 
@@ -336,3 +342,35 @@ def test_concurrent_regressions_merge_into_batches(server, model, signature_name
     total, single = batch_sizes(server, model)
     assert total - single > before[0] - before[1], "the requests should have run in merged batches"
     assert total - before[0] < 12
+
+
+# --- warmup records over tf.Examples ------------------------------------------------------------------------------
+
+def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> None:
+    os.makedirs(f"{version_dir}/assets.extra", exist_ok=True)
+    with tf.io.TFRecordWriter(f"{version_dir}/{WARMUP_FILE}") as writer:
+        for log in logs:
+            writer.write(log.SerializeToString())
+
+
+def warmup_logs(regress_signature: str) -> list[prediction_log_pb2.PredictionLog]:
+    examples = examples_input(example(x=1.0), example(x=2.0))
+    classify = classification_pb2.ClassificationRequest(input=examples)
+    classify.model_spec.signature_name = "classify_x_to_classes"
+    regress = regression_pb2.RegressionRequest(input=examples)
+    regress.model_spec.signature_name = regress_signature
+    multi = multi_request(("m", REGRESS_METHOD, "regress_x_to_y"), ("m", CLASSIFY_METHOD, "classify_x_to_y"))
+    return [prediction_log_pb2.PredictionLog(classify_log=prediction_log_pb2.ClassifyLog(request=classify)),
+            prediction_log_pb2.PredictionLog(regress_log=prediction_log_pb2.RegressLog(request=regress)),
+            prediction_log_pb2.PredictionLog(
+                multi_inference_log=prediction_log_pb2.MultiInferenceLog(request=multi))]
+
+
+def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_path):
+    version_dir = os.path.join(tf1_half_plus_two(str(tmp_path / "m"), versions=("1",)), "1")
+    write_warmup(version_dir, warmup_logs("regress_x_to_y2"))
+    metrics = Metrics()
+    assert Servable("m", 1, version_dir).warmup(metrics) == 3
+    write_warmup(version_dir, warmup_logs("classify_x_to_classes"))  # two outputs: no regression signature
+    with pytest.raises(ServingError, match=r"^Expected one output Tensor\.$"):
+        Servable("m", 1, version_dir).warmup(metrics)
