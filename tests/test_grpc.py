@@ -140,7 +140,8 @@ def test_errors_map_to_tf_codes(predict_stub, images):
     err = rpc_error(predict_stub.Predict, predict_request([b"definitely not a jpeg"]), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     err = rpc_error(predict_stub.Predict, predict_request(images[:1], signature_name="nosig"), timeout=30)
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "nosig" in err.details()
+    assert (err.code(), err.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                           'Serving signature key "nosig" not found.')
     missing_name = predict_pb2.PredictRequest()
     missing_name.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images[:1]))
     assert rpc_error(predict_stub.Predict, missing_name, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT

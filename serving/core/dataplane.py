@@ -22,7 +22,7 @@ from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, Tenso
 from serving.config import ServerOptions, check_model_root
 from serving.core import examples, images
 from serving.core.batching import Batcher, PixelBudget, run_inline
-from serving.core.errors import ServingError, invalid
+from serving.core.errors import Code, ServingError, invalid
 from serving.metrics import Metrics
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
@@ -135,6 +135,9 @@ class Core:
         between cannot unload the version the inputs were resolved against.
         """
         with self._observed(model, api, entrypoint), self.repository.serving(model, version, label) as servable:
+            if entrypoint == "GRPC" and (signature_name or DEFAULT_SIGNATURE) not in servable.signatures:
+                raise ServingError(Code.FAILED_PRECONDITION,  # TF Serving's gRPC text; REST's is the servable's
+                                   f'Serving signature key "{signature_name or DEFAULT_SIGNATURE}" not found.')
             key, info = servable.signature(signature_name)
             arrays = inputs(info) if callable(inputs) else inputs
             _check_output_filter(output_filter or [], info)
