@@ -27,6 +27,7 @@ from server_harness import run_server
 from serving.core import ServingError, SignatureInfo, TensorInfo, input_from_json
 from serving.core.examples import (CLASSIFY_METHOD, REGRESS_METHOD, classifications, output_names, regressions,
                                    serialized_examples)
+from serving.core.images import check_pixels
 from serving.core.servable import Servable
 from serving.metrics import Metrics
 
@@ -374,3 +375,10 @@ def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_pa
     write_warmup(version_dir, warmup_logs("classify_x_to_classes"))  # two outputs: no regression signature
     with pytest.raises(ServingError, match=r"^Expected one output Tensor\.$"):
         Servable("m", 1, version_dir).warmup(metrics)
+
+
+def test_serialized_examples_and_text_count_no_pixels():
+    """The pixel budget is for images: tf.Examples and text that merely start like a BMP count 0."""
+    values = np.concatenate([serialized_examples(examples_input(example(x=1.0), example(image=b"\x89PNG"))),
+                             np.array([b"BMW and other text, long enough", b"RIFF....WEBP but no image"], object)])
+    assert check_pixels(values, 1).tolist() == [0, 0, 0, 0]
