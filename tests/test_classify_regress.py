@@ -25,8 +25,8 @@ from exported_models.model_format import WARMUP_FILE
 from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
 from server_harness import run_server
 from serving.core import ServingError, SignatureInfo, TensorInfo, input_from_json
-from serving.core.examples import (CLASSIFY_METHOD, REGRESS_METHOD, classifications, output_names, regressions,
-                                   serialized_examples)
+from serving.core.examples import (CLASSIFY_METHOD, REGRESS_METHOD, check_signature, classifications,
+                                   regressions, serialized_examples)
 from serving.core.images import check_pixels
 from serving.core.servable import Servable
 from serving.metrics import Metrics
@@ -110,7 +110,7 @@ def signature(inputs: dict[str, str], outputs: dict[str, str]) -> SignatureInfo:
         "no outputs alias", "predict task"])
 def test_signature_structure_checks(method, inputs, outputs, message):
     with pytest.raises(ServingError) as error:
-        output_names(method, signature(inputs, outputs))
+        check_signature(method, signature(inputs, outputs))
     assert error.value.message.startswith(message)
     assert error.value.code == ("UNIMPLEMENTED" if method.endswith("predict") else "INVALID_ARGUMENT")
 

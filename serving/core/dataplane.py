@@ -164,7 +164,7 @@ class Core:
                                   if api == "multi_inference" else f"No signature was found with the name: {task.key}")
                 infos[task.key] = servable.signature(task.key)[1]
                 if not _image_task(task, infos[task.key]):
-                    examples.output_names(task.method, infos[task.key])
+                    examples.check_signature(task.method, infos[task.key])
             serialized = examples.serialized_examples(request_input)
             results = []
             for task in tasks:

@@ -62,9 +62,9 @@ def _describe(info: SignatureInfo) -> str:
     return f"inputs {sorted(info.inputs)}, outputs {sorted(info.outputs)}, method_name {info.method_name!r}"
 
 
-def output_names(method: str, info: SignatureInfo) -> list[str]:
-    """The outputs a classify or regress task reads, after TF Serving's checks of the signature's structure
-    (PreProcessClassification / PreProcessRegression); UNIMPLEMENTED for any other method."""
+def check_signature(method: str, info: SignatureInfo) -> None:
+    """TF Serving's checks of a classify or regress signature's structure (PreProcessClassification and
+    PreProcessRegression, without --enable_signature_method_name_check); UNIMPLEMENTED for any other method."""
     if method not in (CLASSIFY_METHOD, REGRESS_METHOD):
         raise ServingError(Code.UNIMPLEMENTED, f"Unsupported signature method_name: {method}")
     if len(info.inputs) != 1:
@@ -74,18 +74,16 @@ def output_names(method: str, info: SignatureInfo) -> list[str]:
             raise invalid(f"Expected one or two output Tensors, found {len(info.outputs)}")
         if INPUTS not in info.inputs:
             raise invalid(f"No classification inputs found in SignatureDef: {_describe(info)}")
-        names = [name for name in (CLASSES, SCORES) if name in info.outputs]
-        if not names:
+        if CLASSES not in info.outputs and SCORES not in info.outputs:
             raise invalid(f"Expected classification signature outputs to contain at least one of \"{CLASSES}\" "
                           f"or \"{SCORES}\". Signature was: {_describe(info)}")
-        return names
+        return
     if len(info.outputs) != 1:
         raise invalid("Expected one output Tensor.")
     if INPUTS not in info.inputs:
         raise invalid(f"No regression inputs found in SignatureDef: {_describe(info)}")
     if OUTPUTS not in info.outputs:
         raise invalid(f"No regression outputs found in SignatureDef: {_describe(info)}")
-    return [OUTPUTS]
 
 
 def check_tasks(tasks: list[Task]) -> None:

@@ -62,7 +62,7 @@ class Servable:
                 self.run(key, request.inputs)
             for method, signature_name in request.tasks:
                 key, info = self.signature(signature_name)
-                examples.output_names(method, info)
+                examples.check_signature(method, info)
                 self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
             count += 1
         metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
