@@ -172,7 +172,7 @@ def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest
 
 def read_warmup(version_dir: str) -> Iterator[WarmupRequest]:
     """The version's warmup requests (at most MAX_WARMUP_RECORDS): Predict, Classify, Regress and MultiInference
-    records, as TF Serving replays them; none when it has no warmup file."""
+    records, as TF Serving replays them (any other record is an error); none when it has no warmup file."""
     path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
     if not tf.io.gfile.exists(path):
         return
@@ -189,3 +189,5 @@ def read_warmup(version_dir: str) -> Iterator[WarmupRequest]:
                      if kind == "multi_inference_log" else
                      [(_EXAMPLE_LOGS[kind], request.model_spec.signature_name or DEFAULT_SIGNATURE)])
             yield WarmupRequest(tasks[0][1] if tasks else DEFAULT_SIGNATURE, {}, tasks, request.input)
+        else:  # a session_run_log, say: TF Serving fails the load on it too
+            raise ValueError(f"Unsupported log_type for warmup: {kind}")

@@ -375,6 +375,9 @@ def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_pa
     write_warmup(version_dir, warmup_logs("classify_x_to_classes"))  # two outputs: no regression signature
     with pytest.raises(ServingError, match=r"^Expected one output Tensor\.$"):
         Servable("m", 1, version_dir).warmup(metrics)
+    write_warmup(version_dir, [prediction_log_pb2.PredictionLog(session_run_log=prediction_log_pb2.SessionRunLog())])
+    with pytest.raises(ValueError, match=r"^Unsupported log_type for warmup: session_run_log$"):
+        Servable("m", 1, version_dir).warmup(metrics)
 
 
 def test_serialized_examples_and_text_count_no_pixels():
