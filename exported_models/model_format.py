@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+from tensorflow_serving.apis import input_pb2, predict_pb2, prediction_log_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME  # noqa: F401 (part of the contract)
 
@@ -32,6 +32,9 @@ WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many
 DEFAULT_SIGNATURE = "serving_default"
 _INTERNAL_SIGNATURES = ("__saved_model_init_op",)
+# Warmup records over tf.Examples, with the method of their one task (MultiInference names its own).
+_EXAMPLE_LOGS = {"classify_log": "tensorflow/serving/classify", "regress_log": "tensorflow/serving/regress",
+                 "multi_inference_log": ""}
 
 logger = logging.getLogger(__name__)
 _warned_duplicates: set[tuple[str, str, tuple[str, ...]]] = set()
@@ -50,6 +53,7 @@ class SignatureInfo:
     inputs: dict[str, TensorInfo]
     outputs: dict[str, TensorInfo]
     method_name: str
+    defaults: dict[str, object] = field(default_factory=dict)  # TensorProto by input name (TF 2.21's field)
 
 
 # --- layout ---------------------------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ def signature_infos(graph: meta_graph_pb2.MetaGraphDef) -> dict[str, SignatureIn
     """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports."""
     return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
                                outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
-                               method_name=sig.method_name)
+                               method_name=sig.method_name, defaults=dict(sig.defaults))
             for key, sig in graph.signature_def.items() if key not in _INTERNAL_SIGNATURES}
 
 
@@ -193,8 +197,12 @@ def read_signatures(version_dir: str, tags: set[str] | None = None) -> dict[str,
 
 @dataclass
 class WarmupRequest:
+    """A Predict record (`inputs`), or a Classify, Regress or MultiInference one: its (method name, signature)
+    tasks over the tf.Examples of `examples` (a tensorflow.serving.Input)."""
     signature_name: str
     inputs: dict[str, np.ndarray]
+    tasks: list[tuple[str, str]] = field(default_factory=list)
+    examples: input_pb2.Input | None = None
 
 
 def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest]) -> str:
@@ -214,14 +222,23 @@ def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest
 
 
 def read_warmup(version_dir: str) -> Iterator[WarmupRequest]:
-    """The version's warmup predict requests (at most MAX_WARMUP_RECORDS); none when it has no warmup file."""
+    """The version's warmup requests (at most MAX_WARMUP_RECORDS): Predict, Classify, Regress and MultiInference
+    records, as TF Serving replays them (any other record is an error); none when it has no warmup file."""
     path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
     if not tf.io.gfile.exists(path):
         return
     for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS).as_numpy_iterator():
         log = prediction_log_pb2.PredictionLog.FromString(record)
-        if log.WhichOneof("log_type") != "predict_log":
-            continue
-        request = log.predict_log.request
-        yield WarmupRequest(request.model_spec.signature_name or DEFAULT_SIGNATURE,
-                            {k: tf.make_ndarray(v) for k, v in request.inputs.items()})
+        kind = log.WhichOneof("log_type")
+        if kind == "predict_log":
+            request = log.predict_log.request
+            yield WarmupRequest(request.model_spec.signature_name or DEFAULT_SIGNATURE,
+                                {k: tf.make_ndarray(v) for k, v in request.inputs.items()})
+        elif kind in _EXAMPLE_LOGS:
+            request = getattr(log, kind).request
+            tasks = ([(t.method_name, t.model_spec.signature_name or DEFAULT_SIGNATURE) for t in request.tasks]
+                     if kind == "multi_inference_log" else
+                     [(_EXAMPLE_LOGS[kind], request.model_spec.signature_name or DEFAULT_SIGNATURE)])
+            yield WarmupRequest(tasks[0][1] if tasks else DEFAULT_SIGNATURE, {}, tasks, request.input)
+        else:  # a session_run_log, say: TF Serving fails the load on it too
+            raise ValueError(f"Unsupported log_type for warmup: {kind}")

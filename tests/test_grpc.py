@@ -140,7 +140,8 @@ def test_errors_map_to_tf_codes(predict_stub, images):
     err = rpc_error(predict_stub.Predict, predict_request([b"definitely not a jpeg"]), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     err = rpc_error(predict_stub.Predict, predict_request(images[:1], signature_name="nosig"), timeout=30)
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "nosig" in err.details()
+    assert (err.code(), err.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                           'Serving signature key "nosig" not found.')
     missing_name = predict_pb2.PredictRequest()
     missing_name.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images[:1]))
     assert rpc_error(predict_stub.Predict, missing_name, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -228,18 +229,22 @@ def test_classify_ranks_every_class(predict_stub, images, local_probabilities):
     assert rpc_error(predict_stub.Classify, empty, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_regress_and_multi_inference_are_unimplemented_with_a_reason(predict_stub, images):
+def test_regress_refuses_an_image_signature_and_multi_inference_classifies_images(predict_stub, images):
     request = regression_pb2.RegressionRequest(input=image_examples(images[:1]))
     request.model_spec.name = "flowers"
     err = rpc_error(predict_stub.Regress, request, timeout=30)
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "regress" in err.details()
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "Expected one output Tensor."
     request.model_spec.name = "nope"
     assert rpc_error(predict_stub.Regress, request, timeout=30).code() == grpc.StatusCode.NOT_FOUND
-    multi = inference_pb2.MultiInferenceRequest(input=image_examples(images[:1]))
+    multi = inference_pb2.MultiInferenceRequest(input=image_examples(images[:2]))
     task = multi.tasks.add(method_name="tensorflow/serving/classify")
     task.model_spec.name = "flowers"
-    err = rpc_error(predict_stub.MultiInference, multi, timeout=30)
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "MultiInference" in err.details()
+    response = predict_stub.MultiInference(multi, timeout=30)
+    classify = classification_pb2.ClassificationRequest(input=image_examples(images[:2]))
+    classify.model_spec.name = "flowers"
+    expected = predict_stub.Classify(classify, timeout=30).result
+    assert [r.classification_result for r in response.results] == [expected]
+    assert response.results[0].model_spec.signature_name == "serving_default"
 
 
 def test_reload_config_loads_listed_and_unloads_omitted(model_stub, predict_stub, model_base, images):

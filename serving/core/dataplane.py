@@ -6,21 +6,24 @@ requests from every protocol batch together on one model copy.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
 
 import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import ServerOptions, check_model_root
-from serving.core import images
+from serving.core import examples, images
 from serving.core.batching import Batcher, PixelBudget, run_inline
-from serving.core.errors import ServingError, invalid
+from serving.core.errors import Code, ServingError, invalid
 from serving.metrics import Metrics
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionStatus
@@ -29,6 +32,7 @@ from serving.core.startup import Startup
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
+ALL_CLASSES = 1 << 30  # Classify on an image signature answers every class
 # Arrays by input name, or a function of the signature that builds them (see Core.predict).
 Inputs = Union[dict[str, np.ndarray], Callable[[SignatureInfo], dict[str, object]]]
 
@@ -46,6 +50,11 @@ class PredictResult:
     labels: list[str] = field(default_factory=list)  # the class names of the version that answered
 
 
+# The value kinds each dtype takes, as TF Serving's JSON does: integers only for integer dtypes, any number for
+# floats, true/false only for booleans.
+_KINDS_FOR = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
 def numpy_dtype(dtype: str):
     """The numpy dtype for a TF dtype name; object (of bytes) for DT_STRING."""
     if dtype == "DT_STRING":
@@ -55,9 +64,10 @@ def numpy_dtype(dtype: str):
     return NUMPY_DTYPES[dtype]
 
 
-def coerce(name: str, value, info: TensorInfo, check_shape: bool = True) -> np.ndarray:
-    """An input converted to the signature's dtype and, with `check_shape` (a model whose functions enforce the
-    signature's shapes), checked against its shape up front (batch dimension included)."""
+def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np.ndarray:
+    """An input converted to the signature's dtype and checked against its shape (batch dimension included),
+    unless the servable runs its signatures by tensor names (TF1 sessions, TFLite), where only the graph's own
+    ops check shapes."""
     try:
         if info.dtype == "DT_STRING":
             array = np.asarray(value, dtype=object)
@@ -65,16 +75,36 @@ def coerce(name: str, value, info: TensorInfo, check_shape: bool = True) -> np.n
                 array = np.vectorize(_to_bytes, otypes=[object])(array)
         else:
             array = np.asarray(value)
-            if array.dtype.kind not in "biuf":
+            want = np.dtype(numpy_dtype(info.dtype))
+            if array.size and array.dtype.kind not in _KINDS_FOR[want.kind]:
                 raise ValueError(f"got {array.dtype.name} values")
-            array = array.astype(numpy_dtype(info.dtype), copy=False)
+            if array.size and want.kind in "iu" and (array.min() < np.iinfo(want).min or
+                                                     array.max() > np.iinfo(want).max):
+                raise ValueError(f"values out of range of {want.name}")
+            array = array.astype(want, copy=False)
     except (TypeError, ValueError) as error:
         raise invalid(f"Input {name!r} expects {info.dtype}: {error}") from None
-    if check_shape and info.shape is not None:
+    if info.shape is not None and static_shapes:
         if array.ndim != len(info.shape) or any(want not in (-1, have) for want, have in zip(info.shape, array.shape)):
             raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                           f"{info.shape} (-1 is any size)")
     return array
+
+
+def _check_output_filter(output_filter: list[str], info: SignatureInfo) -> None:
+    """TF Serving's checks: every alias is one of the signature's outputs, and none is asked for twice."""
+    for i, alias in enumerate(output_filter):
+        if alias not in info.outputs:
+            raise invalid(f"output tensor alias not found in signature: {alias} Outputs expected to be in the set "
+                          f"{{{','.join(sorted(info.outputs))}}}.")
+        if alias in output_filter[:i]:
+            raise invalid(f"duplicate output tensor alias: {alias}")
+
+
+def _image_task(task: examples.Task, info: SignatureInfo) -> bool:
+    """Petal's image classifiers keep their image path for Classify."""
+    return task.method == examples.CLASSIFY_METHOD and IMAGE_INPUT in info.inputs and \
+        PROBABILITIES_OUTPUT in info.outputs
 
 
 def _to_bytes(value) -> bytes:
@@ -108,18 +138,50 @@ class Core:
         unnamed instances): it runs under the same hold on the servable as the inference, so a hot reload in
         between cannot unload the version the inputs were resolved against.
         """
-        started = time.monotonic()
-        status = "OK"
-        try:
-            with self.repository.serving(model, version, label) as servable:
-                return self._predict_on(servable, inputs, signature_name, output_filter, deadline, api)
-        except ServingError as error:
-            status = error.code.name
-            raise
-        finally:
-            self.metrics.request_count.inc(model_name=model, status=status)
-            self.metrics.request_latency.observe((time.monotonic() - started) * 1e6, model_name=model, API=api,
-                                                 entrypoint=entrypoint)
+        with self._observed(model, api, entrypoint), self.repository.serving(model, version, label) as servable:
+            if entrypoint == "GRPC" and (signature_name or DEFAULT_SIGNATURE) not in servable.signatures:
+                raise ServingError(Code.FAILED_PRECONDITION,  # TF Serving's gRPC text; REST's is the servable's
+                                   f'Serving signature key "{signature_name or DEFAULT_SIGNATURE}" not found.')
+            key, info = servable.signature(signature_name)
+            arrays = inputs(info) if callable(inputs) else inputs
+            _check_output_filter(output_filter or [], info)
+            outputs = self._run_on(servable, key, info, arrays, deadline, api)
+            if output_filter:
+                outputs = {k: outputs[k] for k in output_filter}
+            return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
+
+    def infer(self, model: str, tasks: list[examples.Task], request_input: input_pb2.Input,
+              version: int | None = None, label: str | None = None, deadline: float | None = None,
+              entrypoint: str = "REST", api: str = "classify") -> tuple[int, list[examples.Result]]:
+        """Classify and Regress tasks on one model's tf.Examples (one task for Classify or Regress, several for
+        MultiInference), each run on the same serialized examples through the batcher.
+
+        A classify task on an image signature (input `image_bytes`, output `probabilities`) reads each example's
+        image instead and answers every class, best first, as `classify_images` does.
+        """
+        with self._observed(model, api, entrypoint), self.repository.serving(model, version, label) as servable:
+            examples.check_tasks(tasks)
+            infos = {}
+            for task in tasks:
+                if task.key not in servable.signatures:
+                    raise invalid(f"Requested signature not found in model graph: {task.key}"
+                                  if api == "multi_inference" else f"No signature was found with the name: {task.key}")
+                infos[task.key] = servable.signature(task.key)[1]
+                if not _image_task(task, infos[task.key]):
+                    examples.check_signature(task.method, infos[task.key])
+            serialized = examples.serialized_examples(request_input)
+            results = []
+            for task in tasks:
+                info = infos[task.key]
+                if _image_task(task, info):
+                    images_bytes = np.array(examples.example_images(request_input, IMAGE_INPUT), dtype=object)
+                    outputs = self._run_on(servable, task.key, info, {IMAGE_INPUT: images_bytes}, deadline, api)
+                    rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.labels, ALL_CLASSES)
+                    results.append(examples.Result(task.method, task.key, classifications=rows))
+                else:
+                    outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
+                    results.append(examples.result(task, outputs, len(serialized)))
+            return servable.version, results
 
     def classify_images(self, model: str, images_bytes: list[bytes], version: int | None = None,
                         label: str | None = None, signature_name: str = "", top_k: int = 5,
@@ -136,44 +198,59 @@ class Core:
                               api="classify")
         return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.labels, top_k)
 
-    def _predict_on(self, servable: Servable, inputs: Inputs, signature_name: str,
-                    output_filter: list[str] | None, deadline: float | None, api: str) -> PredictResult:
-        key, info = servable.signature(signature_name)
-        arrays, batched, pixels = self._validate(info, inputs(info) if callable(inputs) else inputs,
-                                                 servable.static_shapes)
-        if output_filter:
-            unknown = sorted(set(output_filter) - set(info.outputs))
-            if unknown:
-                raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
+    @contextlib.contextmanager
+    def _observed(self, model: str, api: str, entrypoint: str) -> Iterator[None]:
+        """TF Serving's request count and latency for one request, whatever its API."""
+        started = time.monotonic()
+        status = "OK"
+        try:
+            yield
+        except ServingError as error:
+            status = error.code.name
+            raise
+        finally:
+            self.metrics.request_count.inc(model_name=model, status=status)
+            self.metrics.request_latency.observe((time.monotonic() - started) * 1e6, model_name=model, API=api,
+                                                 entrypoint=entrypoint)
+
+    def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: dict,
+                deadline: float | None, api: str) -> dict[str, np.ndarray]:
+        """Validate the inputs of one signature and run them, batched with other requests when they can be."""
+        arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes)
         run = functools.partial(servable.run, key)
         if batched:
             size = next(iter(arrays.values())).shape[0]
-            outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                       deadline, api, pixels)
-        else:
-            outputs = run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
-                                 int(pixels[0]))
-        if output_filter:
-            outputs = {k: outputs[k] for k in output_filter}
-        return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
+            return self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
+                                    deadline, api, pixels)
+        return run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
+                          int(pixels[0]))
 
     def _validate(self, info: SignatureInfo, inputs: dict,
-                  check_shape: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
+                  static_shapes: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
         """The inputs as arrays, whether they are batched, and the decoded pixels of each row (of the whole
-        request when not batched), which the worker's pixel budget counts."""
+        request when not batched), which the worker's pixel budget counts.
+
+        Inputs batch, as in TF Serving's batching session, when the signature lets dimension 0 vary (-1 or an
+        unknown rank) and every input has one; with batching on, inputs that then differ in it are refused with
+        TF Serving's message. An input the request leaves out takes the signature's default, if it has one."""
+        inputs = {**{k: tf.make_ndarray(v) for k, v in info.defaults.items() if k not in inputs}, **inputs}
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
         if missing or extra:
             raise invalid(f"Input names must be {sorted(info.inputs)}; missing {missing}, unexpected {extra}")
-        arrays = {name: coerce(name, inputs[name], info.inputs[name], check_shape) for name in info.inputs}
+        arrays = {name: coerce(name, inputs[name], info.inputs[name], static_shapes) for name in info.inputs}
         pixels = [images.check_pixels(array, self.options.max_image_pixels)
                   for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
-        batched = (all(t.shape and t.shape[0] == -1 for t in info.inputs.values()) and bool(arrays)
-                   and all(a.ndim for a in arrays.values()))  # unchecked shapes may be scalars
-        if batched and len({a.shape[0] for a in arrays.values()}) > 1:
-            raise invalid("All inputs must have the same size in the first (batch) dimension, got "
-                          + ", ".join(f"{k}: {a.shape[0]}" for k, a in arrays.items()))
-        if not batched:
+        batched = bool(arrays) and (not static_shapes or all(t.shape is None or (t.shape and t.shape[0] == -1)
+                                                              for t in info.inputs.values()))
+        if batched and self.batcher.enabled:
+            if any(a.ndim == 0 for a in arrays.values()):
+                raise invalid("Batching Run() input tensors must have at least one dimension")
+            if len({a.shape[0] for a in arrays.values()}) > 1:
+                raise invalid("Batching Run() input tensors must have equal 0th-dimension size, got "
+                              + ", ".join(f"{k}: {a.shape[0]}" for k, a in sorted(arrays.items())))
+        if not batched or any(a.ndim == 0 for a in arrays.values()) or \
+                len({a.shape[0] for a in arrays.values()}) > 1:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
         rows = next(iter(arrays.values())).shape[0]
         per_row = (p.reshape(rows, math.prod(p.shape[1:])).sum(axis=1) for p in pixels)  # rows may be 0

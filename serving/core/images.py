@@ -3,7 +3,8 @@
 The pixel limit reads only the image header, so a decompression bomb, a few KB of JPEG that claims 50k x 50k
 pixels, is refused before TensorFlow would allocate gigabytes to decode it. JPEGs, nearly every request, have
 their frame header found by walking the marker segments (about 2 us, under the GIL on every request); Pillow
-reads the other formats' headers (about 20 us).
+reads the other formats' headers (about 20 us), only for bytes whose magic number is one of the formats TensorFlow
+decodes, so strings that are no image (serialized tf.Examples, text) count 0 pixels at the cost of a prefix check.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from serving.core.errors import invalid
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic); not C4 (DHT), C8 (JPG) or CC (DAC).
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length
+# The other formats tf.io.decode_image decodes (besides JPEG and WebP's RIFF container), by their magic numbers.
+_MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"))
 
 
 def jpeg_pixels(data: bytes) -> int | None:
@@ -44,13 +47,25 @@ def jpeg_pixels(data: bytes) -> int | None:
     return None
 
 
+def image_format(data: bytes) -> str | None:
+    """The Pillow format of bytes that start like an image tf.io.decode_image decodes, by their magic number;
+    None for anything else (a serialized tf.Example, text), which costs no parsing at all."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    return "WEBP" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
+
+
 def header_pixels(data: bytes) -> int | None:
     """Width x height from the header alone; None when the bytes are no image Petal recognises (TF then
     decides)."""
     if data[:2] == b"\xff\xd8":
         return jpeg_pixels(data)
+    kind = image_format(data)
+    if kind is None:
+        return None
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data), formats=[kind]) as image:
             width, height = image.size
     except Image.DecompressionBombError:
         return 1 << 62  # Pillow itself judged it a bomb (over twice its own limit)

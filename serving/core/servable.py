@@ -10,6 +10,7 @@ import numpy as np
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
+from serving.core import examples
 from serving.core.errors import invalid
 from serving.core.loaders import LoadOptions, load
 from serving.metrics import Metrics
@@ -52,11 +53,17 @@ class Servable:
         return self._loaded.run(signature_name, inputs, names)
 
     def warmup(self, metrics: Metrics) -> int:
-        """Replay the version's warmup requests; a failure fails the load."""
+        """Replay the version's warmup requests (Predict, Classify, Regress, MultiInference); a failure fails
+        the load."""
         count = 0
         for request in model_format.read_warmup(self.path):
-            key, _ = self.signature(request.signature_name)
-            self.run(key, request.inputs)
+            if request.examples is None:
+                key, _ = self.signature(request.signature_name)
+                self.run(key, request.inputs)
+            for method, signature_name in request.tasks:
+                key, info = self.signature(signature_name)
+                examples.check_signature(method, info)
+                self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
             count += 1
         metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
         return count

@@ -23,21 +23,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow.core.framework import tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     model_management_pb2, model_pb2, predict_pb2, prediction_service_pb2_grpc,
-                                     model_service_pb2_grpc)
+                                     inference_pb2, model_management_pb2, model_pb2, predict_pb2,
+                                     prediction_service_pb2_grpc, model_service_pb2_grpc, regression_pb2)
 
 from serving.config import ServerOptions, TLSOptions, bind_address
-from serving.core import DEFAULT_SIGNATURE, Code, Core, ServingError, SignatureInfo, invalid
+from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
+                          invalid)
 from serving import threads
 from serving.protocols import access_log, auth, unix_socket
 
 log = logging.getLogger(__name__)
 
-REGRESS_METHOD = "tensorflow/serving/regress"
 HEALTH_WATCH_PERIOD_S = 0.2
 # Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
 GRPC_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
-ALL_CLASSES = 1 << 30
 OPEN_SERVICE = "/grpc.health.v1.Health/"  # probes need no token
 CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfigRequest"})  # need admin
 
@@ -97,27 +96,19 @@ def signature_def(info: SignatureInfo) -> meta_graph_pb2.SignatureDef:
 
     return meta_graph_pb2.SignatureDef(inputs={k: tensor_info(v) for k, v in info.inputs.items()},
                                        outputs={k: tensor_info(v) for k, v in info.outputs.items()},
-                                       method_name=info.method_name)
+                                       method_name=info.method_name, defaults=info.defaults)
 
 
-def example_images(request_input: Any) -> list[bytes]:
-    """The image bytes of each tf.Example in a Classify request (feature `image_bytes`, or the only bytes one)."""
-    kind = request_input.WhichOneof("kind")
-    if kind is None:
-        raise invalid("Input is empty")
-    examples = (request_input.example_list.examples if kind == "example_list"
-                else request_input.example_list_with_context.examples)
-    if not examples:
-        raise invalid("Input is empty")
-    images = []
-    for i, example in enumerate(examples):
-        features = {k: f.bytes_list.value for k, f in example.features.feature.items()
-                    if f.WhichOneof("kind") == "bytes_list" and len(f.bytes_list.value) == 1}
-        value = features.get("image_bytes") or (next(iter(features.values())) if len(features) == 1 else None)
-        if value is None:
-            raise invalid(f"Example {i} needs one bytes feature 'image_bytes' holding the encoded image")
-        images.append(value[0])
-    return images
+def inference_result(model: str, version: int, result: Result) -> inference_pb2.InferenceResult:
+    """A Classify or Regress answer as the InferenceResult MultiInference returns (and the others unpack)."""
+    answer = inference_pb2.InferenceResult(model_spec=resolved_spec(model, version, result.signature_name))
+    if result.classifications is not None:
+        for row in result.classifications:
+            answer.classification_result.classifications.add().classes.extend(
+                classification_pb2.Class(label=label, score=score) for label, score in row)
+    else:
+        answer.regression_result.regressions.extend(regression_pb2.Regression(value=v) for v in result.regressions)
+    return answer
 
 
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -154,37 +145,37 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
-        """Served from the image signature: each example's image_bytes -> every class, best first."""
-        spec = model_spec_fields(request.model_spec)
-        version, rows = self.core.classify_images(
-            spec["model"], example_images(request.input), version=spec["version"], label=spec["label"],
-            signature_name=request.model_spec.signature_name, top_k=ALL_CLASSES, deadline=deadline_of(context),
-            entrypoint="GRPC")
-        response = classification_pb2.ClassificationResponse(
-            model_spec=resolved_spec(spec["model"], version, request.model_spec.signature_name or DEFAULT_SIGNATURE))
-        for row in rows:
-            response.result.classifications.add().classes.extend(
-                classification_pb2.Class(label=label, score=score) for label, score in row)
-        return response
+        result = self.infer(request.model_spec, [Task(CLASSIFY_METHOD, request.model_spec.signature_name)],
+                            request.input, context, "classify")[0]
+        return classification_pb2.ClassificationResponse(model_spec=result.model_spec,
+                                                         result=result.classification_result)
 
     @rpc
-    def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.unimplemented(request.model_spec, REGRESS_METHOD, "Regress")
+    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
+        result = self.infer(request.model_spec, [Task(REGRESS_METHOD, request.model_spec.signature_name)],
+                            request.input, context, "regress")[0]
+        return regression_pb2.RegressionResponse(model_spec=result.model_spec, result=result.regression_result)
 
     @rpc
-    def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> Any:
+        """TF Serving's rules: every task on the same model (the first task's version or label), distinct
+        signatures."""
         for task in request.tasks:
-            self.unimplemented(task.model_spec, task.method_name or "MultiInference", "MultiInference")
-        raise invalid("MultiInference request has no tasks")
+            if not task.model_spec.name:
+                raise invalid("Found ModelSpec with an empty model name.")
+            if task.model_spec.name != request.tasks[0].model_spec.name:
+                raise invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+        spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
+        tasks = [Task(task.method_name, task.model_spec.signature_name) for task in request.tasks]
+        return inference_pb2.MultiInferenceResponse(
+            results=self.infer(spec, tasks, request.input, context, "multi_inference"))
 
-    def unimplemented(self, spec: model_pb2.ModelSpec, method_name: str, rpc_name: str) -> None:
-        """Petal models expose predict signatures only; say so (after NOT_FOUND checks) rather than guess."""
+    def infer(self, spec: model_pb2.ModelSpec, tasks: list[Task], request_input: Any, context: grpc.ServicerContext,
+              api: str) -> list[inference_pb2.InferenceResult]:
         fields = model_spec_fields(spec)
-        version, signatures = self.core.signatures(fields["model"], fields["version"], fields["label"])
-        have = ", ".join(f"{n} ({s.method_name})" for n, s in sorted(signatures.items()))
-        raise ServingError(Code.UNIMPLEMENTED,
-                           f"{rpc_name} needs a {method_name} signature; model {fields['model']} version "
-                           f"{version} has only: {have}. Use Predict (or Classify for image_bytes examples).")
+        version, results = self.core.infer(fields["model"], tasks, request_input, fields["version"],
+                                           fields["label"], deadline_of(context), "GRPC", api)
+        return [inference_result(fields["model"], version, result) for result in results]
 
     @rpc
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,

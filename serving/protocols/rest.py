@@ -15,9 +15,11 @@ from collections.abc import Callable
 
 import flask
 import numpy as np
+from google.protobuf import json_format
 from werkzeug.routing import BaseConverter
 
-from serving.core import DEFAULT_SIGNATURE, IMAGE_INPUT, Core, ServingError, SignatureInfo, invalid
+from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Core, ServingError, SignatureInfo, Task, input_from_json,
+                          invalid)
 from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
                               parse_version, request_body, string_field)
 
@@ -53,6 +55,24 @@ def decode_b64(value: object) -> object:
     if isinstance(value, dict):
         raise invalid("Objects are only allowed as {\"b64\": ...} inside a tensor value")
     return value
+
+
+def examples_json(body: dict) -> dict:
+    """A classify or regress body with each feature's {"b64": ...} values decoded to bytes (any other object stays,
+    for the core to refuse as TF Serving does)."""
+    def feature(value: object) -> object:
+        if isinstance(value, list):
+            return [_b64(v) if _is_b64(v) else v for v in value]
+        return _b64(value) if _is_b64(value) else value
+
+    def example(value: object) -> object:
+        return {k: feature(v) for k, v in value.items()} if isinstance(value, dict) else value
+    decoded = dict(body)
+    if "context" in body:
+        decoded["context"] = example(body["context"])
+    if isinstance(body.get("examples"), list):
+        decoded["examples"] = [example(e) for e in body["examples"]]
+    return decoded
 
 
 def _named(value: object) -> bool:
@@ -107,8 +127,17 @@ def _string_leaf(name: str):
     return convert
 
 
+def float32_json(value: float) -> float:
+    """A float32 as the shortest decimal that reads back as the same float32 (0.2, not 0.20000000298023224), as
+    TF Serving writes it; NaN and the infinities stay, which the JSON writer spells NaN and Infinity as it does."""
+    return float(str(np.float32(value)))
+
+
 def to_json(name: str, array: np.ndarray) -> list | object:
-    """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes."""
+    """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes;
+    float32 and float16 values as their shortest decimals (float32_json), vectorised."""
+    if array.dtype in (np.float32, np.float16):
+        return array.astype(str).astype(np.float64).tolist()
     if array.dtype != object:
         return array.tolist()
     convert = _string_leaf(name)
@@ -119,9 +148,17 @@ def to_json(name: str, array: np.ndarray) -> list | object:
 
 
 def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
+    """TF Serving's JSON answer: columnar "outputs", or "predictions" rows, which need every output batched alike."""
     columns = {name: to_json(name, array) for name, array in outputs.items()}
     if not row_format:
         return {"outputs": next(iter(columns.values())) if len(columns) == 1 else columns}
+    batch = None
+    for name, array in outputs.items():
+        if array.ndim == 0:
+            raise invalid(f"Tensor name: {name} has no shape information ")
+        if batch is not None and array.shape[0] != batch:
+            raise invalid(f"Tensor name: {name} has inconsistent batch size: {array.shape[0]} expecting: {batch}")
+        batch = array.shape[0]
     if len(columns) == 1:
         return {"predictions": next(iter(columns.values()))}
     names = list(columns)
@@ -143,7 +180,10 @@ def _tensor_info_json(info) -> dict:
 def metadata_response(name: str, version: int, signatures) -> dict:
     defs = {key: {"inputs": {k: _tensor_info_json(t) for k, t in sig.inputs.items()},
                   "outputs": {k: _tensor_info_json(t) for k, t in sig.outputs.items()},
-                  "method_name": sig.method_name} for key, sig in signatures.items()}
+                  "method_name": sig.method_name,
+                  "defaults": {k: json_format.MessageToDict(v, always_print_fields_with_no_presence=True,
+                                                            preserving_proto_field_name=True)
+                               for k, v in sig.defaults.items()}} for key, sig in signatures.items()}
     return {"model_spec": {"name": name, "signature_name": "", "version": str(version)},
             "metadata": {"signature_def": {"signature_def": defs}}}
 
@@ -212,32 +252,23 @@ def create_blueprint(core: Core) -> flask.Blueprint:
         result = core.predict(name, inputs, version, label, signature_name, deadline=deadline)
         return json_response(predict_response(result.outputs, row_format))
 
-    def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+    def infer(method: str, name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        """TF Serving's :classify and :regress: "examples" (and "context") as tf.Examples, answered as "results"."""
         body = json_body(options.max_request_bytes)
-        examples, context = body.get("examples"), body.get("context") or {}
-        if not isinstance(examples, list) or not examples or not all(isinstance(e, dict) for e in examples) \
-                or not isinstance(context, dict):
-            raise invalid("\"examples\" must be a non-empty list of objects (and \"context\" an object)")
-        images = []
-        for example in examples:
-            value = {**context, **example}.get(IMAGE_INPUT)
-            if isinstance(value, list) and len(value) == 1:
-                value = value[0]
-            if not _is_b64(value):
-                raise invalid(f"Each example needs an {IMAGE_INPUT!r} feature holding {{\"b64\": ...}} image bytes")
-            images.append(_b64(value))
-        _, results = core.classify_images(name, images, version, label, string_field(body, "signature_name"),
-                                          top_k=1 << 30, deadline=deadline)
-        return json_response({"results": [[[lbl, score] for lbl, score in row] for row in results]})
+        task = Task(method, string_field(body, "signature_name"))
+        request_input = input_from_json(examples_json(body))
+        api = "classify" if method == CLASSIFY_METHOD else "regress"
+        _, results = core.infer(name, [task], request_input, version, label, deadline, api=api)
+        if results[0].classifications is not None:
+            return json_response({"results": [[[lbl, float32_json(s)] for lbl, s in row]
+                                              for row in results[0].classifications]})
+        return json_response({"results": [float32_json(v) for v in results[0].regressions]})
+
+    def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        return infer(CLASSIFY_METHOD, name, version, label, deadline)
 
     def regress(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
-        body = json_body(options.max_request_bytes)
-        key = string_field(body, "signature_name") or DEFAULT_SIGNATURE
-        _, signatures = core.signatures(name, version, label)
-        if key not in signatures:
-            raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
-        raise invalid(f"Expected regression signature method_name to be tensorflow/serving/regress. Was: "
-                      f"{signatures[key].method_name}")
+        return infer(REGRESS_METHOD, name, version, label, deadline)
 
     def classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         request = flask.request

@@ -1,0 +1,261 @@
+"""Classify, Regress and MultiInference over serialized tf.Examples, with TF Serving's rules and error texts.
+
+TF Serving feeds such a signature one DT_STRING vector of serialized `tf.Example`s. It picks the signature by its
+inputs and outputs, not its method name (as `tensorflow_model_server` does unless
+--enable_signature_method_name_check), so a TF2 model whose every signature says "predict" still classifies when
+its one input is `inputs` and its outputs are `classes`/`scores` (classify) or `outputs` (regress). With a
+context, each example is the context's bytes followed by its own: protobuf merges concatenated messages, so an
+example's feature overrides the context's feature of the same name, exactly as TF Serving's
+InputToSerializedExampleTensor does. The REST form's JSON features follow TF Serving's json_tensor.cc: integers
+and booleans are int64_list, other numbers float_list, strings and {"b64"} bytes_list.
+
+No model runs here (numpy and protos), so the dataplane and the warmup replay both use it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import input_pb2
+
+from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
+from serving.core.errors import Code, ServingError, invalid
+
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+INPUTS = "inputs"
+CLASSES = "classes"
+SCORES = "scores"
+OUTPUTS = "outputs"
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64_MAX = (1 << 64) - 1
+_DEBUG_BYTES = 256  # TF Serving cuts a JSON value quoted in an error to this much
+
+
+@dataclass(frozen=True)
+class Task:
+    """One Classify or Regress on a signature (empty: serving_default)."""
+    method: str
+    signature_name: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.signature_name or DEFAULT_SIGNATURE
+
+
+@dataclass
+class Result:
+    """What one task answered: per example, (label, score) pairs for classify, or one value for regress."""
+    method: str
+    signature_name: str
+    classifications: list[list[tuple[str, float]]] | None = None
+    regressions: list[float] | None = None
+
+
+# --- signatures -----------------------------------------------------------------------------------------------
+
+def _describe(info: SignatureInfo) -> str:
+    return f"inputs {sorted(info.inputs)}, outputs {sorted(info.outputs)}, method_name {info.method_name!r}"
+
+
+def check_signature(method: str, info: SignatureInfo) -> None:
+    """TF Serving's checks of a classify or regress signature's structure (PreProcessClassification and
+    PreProcessRegression, without --enable_signature_method_name_check); UNIMPLEMENTED for any other method."""
+    if method not in (CLASSIFY_METHOD, REGRESS_METHOD):
+        raise ServingError(Code.UNIMPLEMENTED, f"Unsupported signature method_name: {method}")
+    if len(info.inputs) != 1:
+        raise invalid("Expected one input Tensor.")
+    if method == CLASSIFY_METHOD:
+        if len(info.outputs) not in (1, 2):
+            raise invalid(f"Expected one or two output Tensors, found {len(info.outputs)}")
+        if INPUTS not in info.inputs:
+            raise invalid(f"No classification inputs found in SignatureDef: {_describe(info)}")
+        if CLASSES not in info.outputs and SCORES not in info.outputs:
+            raise invalid(f"Expected classification signature outputs to contain at least one of \"{CLASSES}\" "
+                          f"or \"{SCORES}\". Signature was: {_describe(info)}")
+        return
+    if len(info.outputs) != 1:
+        raise invalid("Expected one output Tensor.")
+    if INPUTS not in info.inputs:
+        raise invalid(f"No regression inputs found in SignatureDef: {_describe(info)}")
+    if OUTPUTS not in info.outputs:
+        raise invalid(f"No regression outputs found in SignatureDef: {_describe(info)}")
+
+
+def check_tasks(tasks: list[Task]) -> None:
+    """MultiInference's rules on its tasks (one model is checked by the caller): distinct signatures."""
+    seen: set[str] = set()
+    for task in tasks:
+        if task.key in seen:
+            raise invalid(f"Duplicate evaluation of signature: {task.key}")
+        seen.add(task.key)
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------
+
+def _examples(request_input: input_pb2.Input) -> tuple[bytes, list[example_pb2.Example]]:
+    kind = request_input.WhichOneof("kind")
+    if kind == "example_list":
+        return b"", list(request_input.example_list.examples)
+    if kind == "example_list_with_context":
+        with_context = request_input.example_list_with_context
+        return with_context.context.SerializeToString(), list(with_context.examples)
+    return b"", []
+
+
+def serialized_examples(request_input: input_pb2.Input) -> np.ndarray:
+    """The DT_STRING vector TF Serving feeds: each example serialized, after the context's bytes if any."""
+    context, examples = _examples(request_input)
+    if not examples:
+        raise invalid("Input is empty.")
+    return np.array([context + example.SerializeToString() for example in examples], dtype=object)
+
+
+def merged_examples(request_input: input_pb2.Input) -> list[example_pb2.Example]:
+    """Each example with the context's features it does not set itself (what the model parses)."""
+    return [example_pb2.Example.FromString(data) for data in serialized_examples(request_input)]
+
+
+def _debug(value: object) -> str:
+    text = json.dumps(value, separators=(",", ":"), default=lambda v: "<bytes>")
+    return text[:_DEBUG_BYTES]
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "Null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
+
+
+_KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64", None: "UNKNOWN"}
+
+
+def _add_value(feature: feature_pb2.Feature, name: str, value: object) -> None:
+    """One JSON value into a Feature, as TF Serving's AddValueToFeature: a feature holds one kind only."""
+    if isinstance(value, bytes | str):
+        kind, item = "bytes_list", value if isinstance(value, bytes) else value.encode("utf-8")
+    elif isinstance(value, bool):
+        kind, item = "int64_list", int(value)
+    elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
+        kind, item = "int64_list", value
+    elif isinstance(value, int) and _INT64[1] < value <= _UINT64_MAX:
+        raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+    elif isinstance(value, int | float):
+        kind, item = "float_list", float(value)
+    else:
+        raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
+    have = feature.WhichOneof("kind")
+    if have not in (None, kind):
+        raise invalid(f"Unexpected element type in feature: {name} expecting type: {_KIND_NAMES[have]}")
+    getattr(feature, kind).value.append(item)
+
+
+def example_from_json(value: object) -> example_pb2.Example:
+    """A JSON object as a tf.Example; a feature's value is one value or a list of them. Bytes stand for the
+    {"b64": ...} values the protocol adapter decoded; any other object is an error."""
+    if not isinstance(value, dict):
+        raise invalid(f"Example must be JSON object but got JSON {_json_type(value)}")
+    example = example_pb2.Example()
+    for name, content in value.items():
+        feature = feature_pb2.Feature()
+        for item in content if isinstance(content, list) else [content]:
+            _add_value(feature, name, item)
+        example.features.feature[name].CopyFrom(feature)
+    return example
+
+
+def input_from_json(body: dict) -> input_pb2.Input:
+    """A REST classify or regress body's "context" and "examples" as the gRPC Input TF Serving builds."""
+    request_input = input_pb2.Input()
+    context = "context" in body
+    if context:
+        request_input.example_list_with_context.context.CopyFrom(example_from_json(body["context"]))
+    examples = body.get("examples")
+    if "examples" not in body:
+        raise invalid(f"JSON Value: {_debug(body)} When method is classify, key 'examples' is expected and was "
+                      "not found")
+    if not isinstance(examples, list):
+        raise invalid(f"JSON Value: {_debug(body)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise invalid(f"JSON Value: {_debug(body)} 'examples' value is an empty array")
+    target = request_input.example_list_with_context if context else request_input.example_list
+    target.examples.extend(example_from_json(example) for example in examples)
+    return request_input
+
+
+# --- results --------------------------------------------------------------------------------------------------
+
+def _shape(array: np.ndarray) -> str:
+    return "[" + ",".join(str(d) for d in array.shape) + "]"
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    """TF's name of an output's dtype (DT_DOUBLE, not float64), as TF Serving's messages print it."""
+    return "DT_STRING" if array.dtype == object else types_pb2.DataType.Name(tf.as_dtype(array.dtype).as_datatype_enum)
+
+
+def _matrix(array: np.ndarray, what: str, kind: str, rows: int) -> None:
+    if array.ndim != 2:
+        raise invalid(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(array)}")
+    if (array.dtype == object) != (kind == "DT_STRING") or (kind == "DT_FLOAT" and array.dtype != np.float32):
+        raise invalid(f"Expected {what} Tensor of {kind}. Got: {_dtype_name(array)}")
+    if array.shape[0] != rows:
+        raise invalid(f"Expected {what} output batch size of {rows}. Got: {array.shape[0]}")
+
+
+def classifications(outputs: dict[str, np.ndarray], rows: int) -> list[list[tuple[str, float]]]:
+    """Per example, a (label, score) per class: label "" without a classes output, score 0 without scores (TF
+    Serving's PostProcessClassificationResult)."""
+    classes, scores = outputs.get(CLASSES), outputs.get(SCORES)
+    if classes is not None:
+        _matrix(classes, "classes", "DT_STRING", rows)
+    if scores is not None:
+        _matrix(scores, "scores", "DT_FLOAT", rows)
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+        raise invalid(f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. "
+                      f"{scores.shape[1]}")
+    count = (classes if classes is not None else scores).shape[1]
+    labels = ([[v.decode("utf-8", "replace") for v in row] for row in classes] if classes is not None
+              else [[""] * count] * rows)
+    values = scores.tolist() if scores is not None else [[0.0] * count] * rows
+    return [list(zip(label_row, score_row)) for label_row, score_row in zip(labels, values)]
+
+
+def regressions(outputs: dict[str, np.ndarray], rows: int) -> list[float]:
+    """One value per example from a [batch] or [batch, 1] DT_FLOAT output (PostProcessRegressionResult)."""
+    values = outputs[OUTPUTS]
+    if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)):
+        raise invalid(f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+                      f"{_shape(values)}")
+    if values.shape[0] != rows:
+        raise invalid(f"Input batch size did not match output batch size: {rows} vs. {values.shape[0]}")
+    if values.dtype != np.float32:
+        raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {_dtype_name(values)}")
+    return values.reshape(-1).tolist()
+
+
+def result(task: Task, outputs: dict[str, np.ndarray], rows: int) -> Result:
+    if task.method == CLASSIFY_METHOD:
+        return Result(task.method, task.key, classifications=classifications(outputs, rows))
+    return Result(task.method, task.key, regressions=regressions(outputs, rows))
+
+
+def example_images(request_input: input_pb2.Input, feature: str) -> list[bytes]:
+    """The encoded image of each example for an image classifier: its one-value bytes feature `feature`, or its
+    only one-value bytes feature (context features included)."""
+    images = []
+    for i, example in enumerate(merged_examples(request_input)):
+        features = {k: f.bytes_list.value for k, f in example.features.feature.items()
+                    if f.WhichOneof("kind") == "bytes_list" and len(f.bytes_list.value) == 1}
+        value = features.get(feature) or (next(iter(features.values())) if len(features) == 1 else None)
+        if value is None:
+            raise invalid(f"Example {i} needs one bytes feature {feature!r} holding the encoded image "
+                          "(over REST: {\"b64\": ...})")
+        images.append(value[0])
+    return images
