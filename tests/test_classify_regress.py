@@ -144,10 +144,10 @@ def test_results_are_checked_as_tf_serving_checks_them():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The TF1 model as version 123 (so that it loads before zero-padded folders do) and the TF2 module, with a
+    """The TF1 model in a zero-padded version folder and the TF2 module, with a
     50 ms batch window and one batch thread, so concurrent requests merge."""
     root = tmp_path_factory.mktemp("foreign")
-    tf1_half_plus_two(str(root / "tf1"), versions=("123",))
+    tf1_half_plus_two(str(root / "tf1"), versions=("00000123",))
     tf2_module(str(root / "tf2"))
     config = root / "models.config"
     config.write_text("model_config_list { "
