@@ -42,6 +42,7 @@ FILL_LIMIT = {"numbers": 1 << 20, "strings": 4096}
 # the bytes object.
 STRING_ELEMENT_BYTES = np.dtype(object).itemsize + sys.getsizeof(b"")
 INT64_MAX = (1 << 63) - 1
+MAX_DIMS = 64  # numpy's (TensorFlow allows 254)
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,7 @@ def plan(name: str, proto: Any) -> Plan:
     if proto.tensor_shape.unknown_rank:
         raise invalid(f"Input {name!r}: a request tensor needs a known shape, not unknown_rank")
     shape = tuple(d.size for d in proto.tensor_shape.dim)
-    if any(d < 0 for d in shape):
-        raise invalid(f"Input {name!r}: shape {list(shape)} has a negative dimension")
-    if math.prod(d for d in shape if d) * kind.dtype.itemsize > INT64_MAX:  # numpy refuses it even when empty
-        raise invalid(f"Input {name!r}: shape {list(shape)} is too large for any {kind.name} array")
-    count = math.prod(shape)  # a Python int: exact for any shape, where numpy's int64 product wraps
+    count = element_count(name, shape, kind.dtype.itemsize)
     fields = {field.name: value for field, value in proto.ListFields() if field.name not in DESCRIPTION_FIELDS}
     content = fields.pop("tensor_content", None)
     if content is not None:
@@ -130,6 +127,19 @@ def plan(name: str, proto: Any) -> Plan:
         raise invalid(f"Input {name!r}: {len(values)} values do not fill shape {list(shape)} ({count} elements; "
                       f"one value fills at most {kind.fill_limit})")
     return Plan(name, kind, shape, count, None, values)
+
+
+def element_count(name: str, shape: tuple[int, ...] | list[int], itemsize: int) -> int:
+    """The elements of a declared shape, exact (numpy's int64 product wraps for huge shapes), refusing one that
+    no numpy array can have: a negative dimension, more than MAX_DIMS of them, or more than 2^63 - 1 bytes in its
+    non-zero dimensions (numpy refuses that even for an empty array)."""
+    if any(d < 0 for d in shape):
+        raise invalid(f"Input {name!r}: shape {list(shape)} has a negative dimension")
+    if len(shape) > MAX_DIMS:
+        raise invalid(f"Input {name!r}: shape has {len(shape)} dimensions, more than {MAX_DIMS}")
+    if math.prod(d for d in shape if d) * itemsize > INT64_MAX:
+        raise invalid(f"Input {name!r}: shape {list(shape)} is too large for any array")
+    return math.prod(shape)
 
 
 def decode(p: Plan) -> np.ndarray:
