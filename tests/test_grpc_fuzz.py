@@ -1,7 +1,8 @@
 """A hostile client on the gRPC port of one real `petal serve` (the tiny model), as tests/test_openapi.py is one on
-the REST port: the tensor bombs of issue 22 sent as they are, then hypothesis drawing TF Serving's gRPC requests
-with random dtypes, shapes (huge, negative, empty, unknown rank, too many dimensions), value counts in the right
-and wrong fields, tensor_content lengths, strings (real JPEGs among them) and model specs.
+the REST port: three tensor bombs (requests of a few bytes that claim gigabytes) sent as they are, then hypothesis
+drawing TF Serving's gRPC requests with random dtypes, shapes (huge, negative, empty, unknown rank, too many
+dimensions), value counts in the right and wrong fields, tensor_content lengths, strings (real JPEGs among them)
+and model specs.
 
 Whatever it draws, the server must answer with a status a client can act on (never INTERNAL or UNKNOWN), within
 one second, and its worker must stay within idle + 256 MiB. Bounded for CI (about a minute on two cores): a fixed
@@ -26,8 +27,7 @@ from hypothesis import strategies as st
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2, inference_pb2,
-                                     input_pb2, model_pb2, predict_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+                                     input_pb2, model_pb2, predict_pb2, prediction_service_pb2_grpc, regression_pb2)
 
 from server_harness import jpeg, reset_peak, run_server, status_kb, tiny_model_base, worker_pid
 
@@ -40,7 +40,7 @@ NEVER = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 JPEGS = [jpeg(seed=s) for s in range(2)]
 
 
-# --- the server ----------------------------------------------------------------------------------------------
+# --- the server -------------------------------------------------------------------------------------------------
 
 @dataclass
 class Target:
@@ -86,7 +86,7 @@ def check_answer(target: Target, method: str, request: Any, code: grpc.StatusCod
                                                     f"(idle {target.idle_kb // 1024} MiB)"
 
 
-# --- the bombs of issue 22 -----------------------------------------------------------------------------------
+# --- the bombs --------------------------------------------------------------------------------------------------
 
 def predict(tensor: tensor_pb2.TensorProto, name: str = "image_bytes") -> predict_pb2.PredictRequest:
     request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name="flowers"))
@@ -129,7 +129,7 @@ def test_a_tensor_bomb_is_invalid_at_once_and_costs_the_worker_nothing(target, b
     assert [d.size for d in served.outputs["classid"].tensor_shape.dim] == [len(JPEGS)]
 
 
-# --- the generators ------------------------------------------------------------------------------------------
+# --- the generators ---------------------------------------------------------------------------------------------
 
 INT32 = st.integers(-2 ** 31, 2 ** 31 - 1)
 INT64 = st.integers(-2 ** 63, 2 ** 63 - 1)
@@ -165,7 +165,8 @@ def tensors(draw) -> tensor_pb2.TensorProto:
             fits = math.prod(dims) * draw(st.sampled_from([1, 2, 4, 8])) if all(0 <= d <= 4 for d in dims) else 0
             setattr(proto, field, draw(st.binary(max_size=64) | st.binary(min_size=fits, max_size=fits)))
     for field in draw(st.lists(st.sampled_from(sorted(VALUE_FIELDS)), max_size=2, unique=True)):
-        getattr(proto, field).extend(draw(st.lists(VALUE_FIELDS[field], max_size=draw(st.sampled_from([1, 2, 8, 40])))))
+        count = draw(st.sampled_from([1, 2, 8, 40]))
+        getattr(proto, field).extend(draw(st.lists(VALUE_FIELDS[field], max_size=count)))
     for _ in range(draw(st.integers(0, 7)) // 6):
         draw(st.sampled_from([proto.resource_handle_val, proto.variant_val])).add()
     return proto
@@ -210,6 +211,10 @@ def served_specs(draw, signature_name: str = "") -> model_pb2.ModelSpec:
     return spec
 
 
+def specs() -> st.SearchStrategy:
+    return served_specs() | model_specs()
+
+
 @st.composite
 def predict_requests(draw) -> predict_pb2.PredictRequest:
     """Half what the served signatures take, a part of it sometimes swapped for a random one; half random."""
@@ -241,7 +246,8 @@ def examples(draw) -> example_pb2.Example:
             features[name] = feature_pb2.Feature(float_list=feature_pb2.FloatList(
                 value=draw(st.lists(FLOATS, max_size=3))))
         else:
-            features[name] = feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=draw(st.lists(INT64, max_size=3))))
+            features[name] = feature_pb2.Feature(int64_list=feature_pb2.Int64List(
+                value=draw(st.lists(INT64, max_size=3))))
     return example_pb2.Example(features=feature_pb2.Features(feature=features))
 
 
@@ -263,18 +269,18 @@ def inputs(draw) -> input_pb2.Input:
 
 @st.composite
 def classification_requests(draw) -> classification_pb2.ClassificationRequest:
-    return classification_pb2.ClassificationRequest(model_spec=draw(served_specs() | model_specs()), input=draw(inputs()))
+    return classification_pb2.ClassificationRequest(model_spec=draw(specs()), input=draw(inputs()))
 
 
 @st.composite
 def regression_requests(draw) -> regression_pb2.RegressionRequest:
-    return regression_pb2.RegressionRequest(model_spec=draw(served_specs() | model_specs()), input=draw(inputs()))
+    return regression_pb2.RegressionRequest(model_spec=draw(specs()), input=draw(inputs()))
 
 
 @st.composite
 def multi_inference_requests(draw) -> inference_pb2.MultiInferenceRequest:
     methods = st.sampled_from(["tensorflow/serving/classify", "tensorflow/serving/regress", ""]) | st.text(max_size=8)
-    tasks = [inference_pb2.InferenceTask(model_spec=draw(served_specs() | model_specs()), method_name=draw(methods))
+    tasks = [inference_pb2.InferenceTask(model_spec=draw(specs()), method_name=draw(methods))
              for _ in range(draw(st.integers(0, 3)))]
     return inference_pb2.MultiInferenceRequest(tasks=tasks, input=draw(inputs()))
 
@@ -282,12 +288,12 @@ def multi_inference_requests(draw) -> inference_pb2.MultiInferenceRequest:
 @st.composite
 def metadata_requests(draw) -> get_model_metadata_pb2.GetModelMetadataRequest:
     fields = draw(st.lists(st.sampled_from(["signature_def"]) | st.text(max_size=8), max_size=2))
-    return get_model_metadata_pb2.GetModelMetadataRequest(model_spec=draw(served_specs() | model_specs()), metadata_field=fields)
+    return get_model_metadata_pb2.GetModelMetadataRequest(model_spec=draw(specs()), metadata_field=fields)
 
 
 @st.composite
 def status_requests(draw) -> get_model_status_pb2.GetModelStatusRequest:
-    return get_model_status_pb2.GetModelStatusRequest(model_spec=draw(served_specs() | model_specs()))
+    return get_model_status_pb2.GetModelStatusRequest(model_spec=draw(specs()))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ integers, and a request is refused with INVALID_ARGUMENT, before any array exist
   also fills from fewer values, and from none, which is how the bombs above allocate without sending anything).
 
 Values go in the one field their dtype uses; a tensor with values in two fields is refused rather than guessed at.
+No row limit is checked here: the model is not resolved yet, and the batcher splits a request of more rows than
+max_batch_size into batches, so the byte limit is what bounds a request's rows.
 """
 from __future__ import annotations
 
