@@ -307,7 +307,7 @@ class Rpc:
 
 PREDICTION = "/tensorflow.serving.PredictionService/"
 RPCS = [
-    Rpc(PREDICTION + "Predict", predict_pb2.PredictResponse, predict_requests, 3000, True),
+    Rpc(PREDICTION + "Predict", predict_pb2.PredictResponse, predict_requests, 2000, True),
     Rpc(PREDICTION + "Classify", classification_pb2.ClassificationResponse, classification_requests, 500, True),
     Rpc(PREDICTION + "Regress", regression_pb2.RegressionResponse, regression_requests, 200, False),
     Rpc(PREDICTION + "MultiInference", inference_pb2.MultiInferenceResponse, multi_inference_requests, 200, False),
