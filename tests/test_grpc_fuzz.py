@@ -123,7 +123,7 @@ def test_a_tensor_bomb_is_invalid_at_once_and_costs_the_worker_nothing(target, b
         stub.Predict(predict(BOMBS[bomb]), timeout=CALL_TIMEOUT_S)
     elapsed = time.perf_counter() - started
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
-    assert elapsed < 0.25, f"{elapsed:.3f} s"
+    assert elapsed < 0.5, f"{elapsed:.3f} s"
     assert abs(status_kb(target.pid, "VmRSS") - before) < 50 * 1024
     served = stub.Predict(real_predict(), timeout=CALL_TIMEOUT_S)  # and the worker still serves
     assert [d.size for d in served.outputs["classid"].tensor_shape.dim] == [len(JPEGS)]
