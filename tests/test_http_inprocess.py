@@ -537,13 +537,23 @@ def test_v2_server_metadata(client):
 
 @pytest.mark.parametrize("path, status", [
     ("/v2/health/live", 200), ("/v2/health/ready", 200), ("/v2/models/flowers/ready", 200),
-    ("/v2/models/flowers/versions/1/ready", 200), ("/v2/models/flowers/versions/9/ready", 503),
-    ("/v2/models/nope/ready", 404), ("/v2/models/nope/versions/x/ready", 404),
-    ("/v2/models/flowers/versions/x/ready", 400), ("/v2/models/flowers/versions/-1/ready", 400),
+    ("/v2/models/flowers/versions/1/ready", 200),
 ])
 def test_v2_health_answers_have_empty_bodies(client, path, status):
     response = client.get(path)
     assert (response.status_code, response.get_data()) == (status, b"")
+
+
+@pytest.mark.parametrize("path, status, message", [
+    ("/v2/models/flowers/versions/9/ready", 404, "Could not find version 9 of model flowers$"),
+    ("/v2/models/flowers/versions/71/ready", 404, "Could not find version 71 of model flowers$"),
+    ("/v2/models/nope/ready", 404, "Could not find any versions of model nope$"),
+    ("/v2/models/nope/versions/x/ready", 404, "Could not find any versions of model nope$"),
+    ("/v2/models/flowers/versions/x/ready", 400, "Malformed request: version 'x' is not an integer$"),
+    ("/v2/models/flowers/versions/-1/ready", 400, "Malformed request: version '-1' is not an integer$"),
+])
+def test_v2_model_ready_of_an_unknown_model_or_version_is_a_json_error(client, path, status, message):
+    assert_error(client.get(path), status, message)
 
 
 @pytest.mark.parametrize("path", ["/v2/models/flowers", "/v2/models/flowers/versions/1"])

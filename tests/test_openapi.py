@@ -40,9 +40,6 @@ CONFIG = {
     # The coverage phase would also send methods no operation has: /v1 answers those 400 "Malformed request",
     # as TF Serving does, which the contract states in its description, not per operation.
     "phases": {"coverage": {"unexpected-methods": []}},
-    # A readiness probe's 503 is its documented "false" (a version that is not AVAILABLE), not a server error.
-    "operations": [{"include-path-regex": "/ready$",
-                    "checks": {"not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", 503]}}}],
 }
 
 _JPEGS = [jpeg(size=size, seed=seed) for size, seed in ((32, 0), (17, 1), (48, 2))]

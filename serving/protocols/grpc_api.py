@@ -30,7 +30,7 @@ from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
                           invalid)
 from serving import threads
-from serving.protocols import access_log, auth, unix_socket
+from serving.protocols import access_log, auth, tensor_proto, unix_socket
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,6 @@ def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
         value = value.strip()
         options.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
     return options
-
-
-def to_ndarray(proto: Any) -> np.ndarray:
-    """TensorProto -> numpy; strings come back as an object array of bytes, as Core.predict expects."""
-    try:
-        return tf.make_ndarray(proto)
-    except Exception as exc:  # a malformed tensor is the caller's fault, never a 500
-        raise invalid(f"Malformed TensorProto: {exc}") from exc
 
 
 def to_tensor_proto(array: np.ndarray) -> Any:
@@ -132,7 +124,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        inputs = {name: to_ndarray(proto) for name, proto in request.inputs.items()}
+        inputs = tensor_proto.decode_inputs(request.inputs, self.core.options.grpc_max_message_bytes)
         result = self.core.predict(inputs=inputs, signature_name=request.model_spec.signature_name,
                                    output_filter=list(request.output_filter) or None,
                                    deadline=deadline_of(context), entrypoint="GRPC",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import struct
 import time
 from typing import Any
@@ -16,9 +15,10 @@ from typing import Any
 import flask
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Code, Core, ServingError, invalid
+from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Code, Core, ServingError, invalid, not_found
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
                                         parse_version, request_body, string_field)
+from serving.protocols.tensor_proto import element_count
 
 PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -48,10 +48,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     return request, tail
 
 
-def decode_length_prefixed(raw: bytes, name: str) -> list[bytes]:
-    """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes."""
+def decode_length_prefixed(raw: bytes, name: str, count: int) -> list[bytes]:
+    """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes; never more than the
+    `count` the shape declares, so a tail of empty elements cannot become more objects than the request claimed."""
     items, offset = [], 0
     while offset < len(raw):
+        if len(items) == count:
+            raise invalid(f"Input {name!r}: the binary data holds more than the {count} BYTES elements of its shape")
         if offset + 4 > len(raw):
             raise invalid(f"Input {name!r}: truncated BYTES element length")
         (size,) = struct.unpack_from("<I", raw, offset)
@@ -77,14 +80,14 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
     if datatype != "BYTES" and datatype not in NUMPY_TYPES:
         raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
     parameters = object_field(spec, "parameters", f"Input {name!r}: ")
-    count = math.prod(shape)  # exact: numpy's int64 product wraps for huge shapes
+    count = element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
         if not is_json_int(size) or size < 0 or offset + size > len(tail):
             raise invalid(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
         raw, offset = tail[offset:offset + size], offset + size
         if datatype == "BYTES":
-            values: Any = np.array(decode_length_prefixed(raw, name), dtype=object)
+            values: Any = np.array(decode_length_prefixed(raw, name, count), dtype=object)
         else:
             dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
             if len(raw) != count * dtype.itemsize:
@@ -202,11 +205,13 @@ def create_blueprint(core: Core) -> flask.Blueprint:
     @bp.get("/v2/models/<model>/ready")
     @bp.get("/v2/models/<model>/versions/<version>/ready")
     def model_ready(model: str, version: str | None = None) -> flask.Response:
+        """An unknown model or version is an error, a 404 with a JSON body as TF Serving answers it, not the probe's
+        false, which is for a known version that is not AVAILABLE (loading, say) or a server shutting down."""
         if model not in core.model_names():
-            return flask.Response(status=404)
-        number = ascii_int(version)
-        if version is not None and number is None:
-            return flask.Response(status=400)
+            raise not_found(f"Could not find any versions of model {model}")
+        number = parse_version(version)
+        if number is not None:
+            core.status(model, number)  # NOT_FOUND for a version the model does not have
         return probe(core.model_ready(model, number))
 
     @bp.get("/v2/models/<model>")
