@@ -18,7 +18,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import ServerOptions, check_model_root
 from serving.core import images
-from serving.core.batching import Batcher, PixelBudget, run_inline
+from serving.core.batching import Batcher, run_inline
+from serving.core.budget import MemoryBudget
 from serving.core.errors import ServingError, invalid
 from serving.metrics import Metrics
 from serving.core.repository import Repository, VersionStatus
@@ -93,6 +94,11 @@ class Core:
     publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
 
     # --- inference ---------------------------------------------------------------------------------------------
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """The worker's memory budget: protocols hold a request's body in it from admission to answer."""
+        return self.batcher.budget
 
     def predict(self, model: str, inputs: Inputs, version: int | None = None,
                 label: str | None = None, signature_name: str = "", output_filter: list[str] | None = None,
@@ -227,7 +233,7 @@ class Core:
         """A core for these options, its models loading in the background (readiness reports progress)."""
         metrics = Metrics()
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching,
-                          pixel_budget=PixelBudget(options.max_inflight_pixels))
+                          budget=MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics))
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
                                 drain_seconds=options.graceful_timeout)

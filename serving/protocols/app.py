@@ -15,7 +15,7 @@ from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Code, Core, ServingError
-from serving.protocols import access_log, auth, kserve, openapi, rest, web
+from serving.protocols import access_log, admission, auth, kserve, openapi, rest, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ def create_app(core: Core) -> flask.Flask:
                 or (request.blueprint or "") in OPEN_BLUEPRINTS:
             return
         authenticator.check(request.headers.get("Authorization"), auth.PREDICT)
+
+    admission.install(app, core)
 
     @app.errorhandler(ServingError)
     def serving_error(error: ServingError) -> flask.Response:

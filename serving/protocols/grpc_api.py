@@ -25,6 +25,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_service_pb2_grpc)
 
 from serving.config import ServerOptions, TLSOptions, bind_address
+from serving.memory import BODY_BYTES_FACTOR
 from serving.core import DEFAULT_SIGNATURE, Code, Core, ServingError, SignatureInfo, invalid
 from serving.protocols import access_log, auth
 
@@ -119,10 +120,13 @@ def example_images(request_input: Any) -> list[bytes]:
 
 
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line."""
+    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line. The request,
+    already deserialized, holds its share of the worker's memory budget while it runs (UNAVAILABLE when full, as
+    TF Serving answers a full batch queue: a retryable overload, not a client's quota)."""
     def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return method(self, request, context)
+            with self.core.memory.hold(request.ByteSize() * BODY_BYTES_FACTOR):
+                return method(self, request, context)
         except ServingError as err:
             context.abort(GRPC_STATUS[err.code], err.message)
         except Exception as exc:
