@@ -122,7 +122,8 @@ def example_images(request_input: Any) -> list[bytes]:
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line. The request,
     already deserialized, holds its share of the worker's memory budget while it runs (UNAVAILABLE when full, as
-    TF Serving answers a full batch queue: a retryable overload, not a client's quota)."""
+    TF Serving answers a full batch queue: a retryable overload, not a client's quota). What grpcio holds before any
+    handler runs, each message received (up to --grpc_max_message_bytes) and parsed, is outside the budget."""
     def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             with self.core.memory.hold(request.ByteSize() * BODY_BYTES_FACTOR):
