@@ -1,13 +1,20 @@
-"""A worker's memory under a pixel flood: large flat-colour JPEGs, cheap on the wire and huge once decoded.
+"""A server's memory under a pixel flood, over each protocol: large flat-colour JPEGs, cheap on the wire and huge
+once decoded.
 
-    .venv/bin/python benchmarks/memory.py [--clients 4,8] [--images 32] [--side 6000] [--petal_args "..."]
+    .venv/bin/python benchmarks/memory.py [--clients 8] [--images 32] [--side 6000] \
+        [--protocols rest,v2,multipart,grpc] [--petal_args "--memory_budget_bytes=268435456"]
 
-Each client sends one `:predict` of `--images` JPEGs of side x side pixels (a 6000 x 6000 flat colour is 0.56 MB
-on the wire and 108 MB decoded). The worker's resident memory is sampled while the flood runs (the peak is the
-kernel's high-water mark, VmHWM, reset before the flood; writing to clear_refs needs the process's owner) and again 5 s after it, against its idle size before: the figures to hold against
-`--max_inflight_pixels` and the pod's memory limit. Runs side by side: the same flood against a server with the
-default pixel budget and one with the budget turned off (`--max_inflight_pixels=-1`), unless --petal_args says
-otherwise.
+Each of `--clients` clients sends one request of `--images` JPEGs of side x side pixels at once (a 6000 x 6000 flat
+colour is 0.56 MB on the wire and 108 MB decoded): a REST `:predict` of base64 JSON (about 23 MB for 32), a V2
+`infer` with the images as binary data, a gRPC Predict, or, since `:classify_image` takes one image a request,
+clients x images multipart `:classify_image` requests at once. The figures are the server's whole process group
+(the gunicorn master and its worker): resident memory idle, its peak during the flood (the sum of each process's
+kernel high-water mark, VmHWM, reset before the flood; writing to clear_refs needs the processes' owner) and 5 s
+after; and how the requests were answered (HTTP statuses; gRPC codes as the HTTP status they map to). Every
+protocol gets a fresh server, started with `--petal_args` (default: none, the derived budget).
+
+The script uses only what tests/server_harness.py has had since the pixel budget came, so the same file measures
+an older checkout (copy it there and run it with that checkout's PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -15,9 +22,12 @@ import argparse
 import base64
 import json
 import os
+import struct
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import requests
 
@@ -25,20 +35,75 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 MB = 1024 * 1024
+PROTOCOLS = ("rest", "v2", "multipart", "grpc")
+GRPC_TO_HTTP = {"OK": 200, "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
+                "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
+TIMEOUT_S = 600
 
 
-def flood(url: str, body: bytes, clients: int) -> dict[int, int]:
-    """Every client sends its request at once; the status codes, counted."""
+def process_group(master: int) -> list[int]:
+    """The server's processes: the master and its workers."""
+    children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    return [master, *map(int, children)]
+
+
+def senders(protocol: str, server, image: bytes, images: int, clients: int) -> list[Callable[[], int]]:
+    """One callable per concurrent request, each returning the status it got (0: no answer)."""
+    url = server.rest_url
+    if protocol == "rest":
+        body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}] * images}).encode()
+        return [lambda: post(url + "/v1/models/flowers:predict", data=body,
+                             headers={"Content-Type": "application/json"})] * clients
+    if protocol == "v2":
+        raw = (struct.pack("<I", len(image)) + image) * images
+        header = json.dumps({"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [images],
+                                         "parameters": {"binary_data_size": len(raw)}}]}).encode()
+        return [lambda: post(url + "/v2/models/flowers/infer", data=header + raw,
+                             headers={"Content-Type": "application/octet-stream",
+                                      "Inference-Header-Content-Length": str(len(header))})] * clients
+    if protocol == "multipart":
+        return [lambda: post(url + "/v1/models/flowers:classify_image",
+                             files={"image": ("flat.jpg", image, "image/jpeg")})] * (clients * images)
+    return [grpc_sender(server.grpc_target, image, images)] * clients
+
+
+def post(url: str, **kwargs) -> int:
+    try:
+        return requests.post(url, timeout=TIMEOUT_S, **kwargs).status_code
+    except requests.RequestException:
+        return 0
+
+
+def grpc_sender(target: str, image: bytes, images: int) -> Callable[[], int]:
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "flowers"
+    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image] * images, dtype=tf.string))
+    options = [("grpc.max_send_message_length", 256 * MB), ("grpc.max_receive_message_length", 256 * MB)]
+
+    def send() -> int:
+        with grpc.insecure_channel(target, options=options) as channel:
+            try:
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=TIMEOUT_S)
+                return 200
+            except grpc.RpcError as error:
+                return GRPC_TO_HTTP.get(error.code().name, 0)
+    return send
+
+
+def flood(sends: list[Callable[[], int]]) -> dict[int, int]:
+    """Every request at once; the statuses, counted."""
     statuses: dict[int, int] = {}
+    lock = threading.Lock()
 
-    def send() -> None:
-        try:
-            code = requests.post(url + "/v1/models/flowers:predict", data=body, timeout=600,
-                                 headers={"Content-Type": "application/json"}).status_code
-        except requests.RequestException:
-            code = 0
-        statuses[code] = statuses.get(code, 0) + 1
-    threads = [threading.Thread(target=send) for _ in range(clients)]
+    def one(send: Callable[[], int]) -> None:
+        code = send()
+        with lock:
+            statuses[code] = statuses.get(code, 0) + 1
+    threads = [threading.Thread(target=one, args=(send,)) for send in sends]
     for t in threads:
         t.start()
     for t in threads:
@@ -46,45 +111,46 @@ def flood(url: str, body: bytes, clients: int) -> dict[int, int]:
     return statuses
 
 
-def measure(label: str, extra: list[str], body: bytes, levels: list[int]) -> None:
-    from server_harness import reset_peak, run_server, status_kb, tiny_model_base, worker_pid
+def measure(protocol: str, extra: list[str], image: bytes, images: int, clients: int) -> dict:
+    """One flood against a fresh server; sizes in bytes."""
+    from server_harness import reset_peak, run_server, status_kb, tiny_model_base
 
-    for clients in levels:
-        with run_server(f"--model_base_path={tiny_model_base()}", "--port=0", *extra) as server:
-            pid = worker_pid(server.proc.pid)
+    with run_server(f"--model_base_path={tiny_model_base()}", *extra) as server:
+        pids = process_group(server.proc.pid)
+        for pid in pids:
             reset_peak(pid)
-            idle = status_kb(pid, "VmRSS")
-            started = time.monotonic()
-            statuses = flood(server.rest_url, body, clients)
-            elapsed = time.monotonic() - started
-            peak = status_kb(pid, "VmHWM")
-            time.sleep(5)
-            after = status_kb(pid, "VmRSS")
-        print(f"| {label} | {clients} | {idle / 1024:.0f} | {peak / 1024:.0f} | {(peak - idle) / 1024:+.0f} | "
-              f"{after / 1024:.0f} | {elapsed:.1f} | {json.dumps(statuses, sort_keys=True)} |", flush=True)
+        idle = sum(status_kb(pid, "VmRSS") for pid in pids) * 1024
+        started = time.monotonic()
+        statuses = flood(senders(protocol, server, image, images, clients))
+        elapsed = time.monotonic() - started
+        peak = sum(status_kb(pid, "VmHWM") for pid in pids) * 1024
+        time.sleep(5)
+        after = sum(status_kb(pid, "VmRSS") for pid in pids) * 1024
+    return {"protocol": protocol, "idle": idle, "peak": peak, "after": after, "seconds": elapsed,
+            "statuses": statuses}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", default="4,8", help="concurrent clients, one flood each")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--images", type=int, default=32, help="images per request")
     parser.add_argument("--side", type=int, default=6000, help="pixels per side (under --max_image_pixels)")
-    parser.add_argument("--petal_args", default=None, help="compare only this configuration")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
+    parser.add_argument("--petal_args", default="", help="flags for every server")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from server_harness import flat_jpeg
 
     image = flat_jpeg(args.side)
-    body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}] * args.images}).encode()
-    print(f"{args.images} x {args.side}x{args.side} JPEGs per request ({len(image) / MB:.2f} MB each on the wire, "
-          f"{args.side * args.side * 3 / MB:.0f} MB decoded; body {len(body) / MB:.1f} MB)\n")
-    print("| server | clients | idle RSS MB | peak RSS MB | peak - idle | RSS 5 s after MB | seconds | statuses |")
-    print("|---|---|---|---|---|---|---|---|")
-    levels = [int(c) for c in args.clients.split(",")]
-    configs = {"given flags": args.petal_args.split()} if args.petal_args is not None else {
-        "default budget": [], "no budget": ["--max_inflight_pixels=-1"]}
-    for label, extra in configs.items():
-        measure(label, extra, body, levels)
+    print(f"{args.clients} clients x {args.images} x {args.side}x{args.side} JPEGs ({len(image) / MB:.2f} MB each "
+          f"on the wire, {args.side * args.side * 3 / MB:.0f} MB decoded); petal serve {args.petal_args}\n")
+    print("| protocol | idle RSS MB | peak RSS MB | peak - idle | RSS 5 s after MB | seconds | statuses |")
+    print("|---|---|---|---|---|---|---|")
+    for protocol in args.protocols.split(","):
+        r = measure(protocol, args.petal_args.split(), image, args.images, args.clients)
+        print(f"| {protocol} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | {(r['peak'] - r['idle']) / MB:+.0f} | "
+              f"{r['after'] / MB:.0f} | {r['seconds']:.1f} | {json.dumps(r['statuses'], sort_keys=True)} |",
+              flush=True)
     return 0
 
 

@@ -15,7 +15,8 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
-from serving.memory import available_memory, default_pixel_budget
+from serving.memory import (BODY_BYTES_FACTOR, BYTES_PER_PIXEL, available_memory, default_memory_budget,
+                            default_pixel_share)
 from serving.model_server_flags import UNIMPLEMENTED
 from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
 
@@ -117,7 +118,8 @@ class ServerOptions:
     request_body_timeout: float = 10.0
     max_request_bytes: int = 32 * MB
     max_image_pixels: int = 40_000_000
-    max_inflight_pixels: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
+    max_inflight_pixels: int = 0  # 0: derived from the memory budget; -1: no budget
+    memory_budget_bytes: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
     graceful_timeout: float = 30.0
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     metrics_path: str | None = DEFAULT_METRICS_PATH
@@ -307,8 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--max_image_pixels", type=int, default=d.max_image_pixels,
          help="(Petal) larger images get 400 before they are decoded")
     flag("--max_inflight_pixels", type=int, default=d.max_inflight_pixels,
-         help="(Petal) decoded image pixels a worker holds at once; more waits in the batch queue (503 when full). "
-         "0: half the memory limit over the workers, at most 1 GiB of pixels each; -1: no budget")
+         help="(Petal) decoded image pixels a worker holds at once, the share of --memory_budget_bytes kept for "
+         "decoding (4 bytes a pixel); more waits in the batch queue (503 when full). 0: half the memory budget, "
+         "at least one --max_image_pixels image; -1: no budget at all")
+    flag("--memory_budget_bytes", type=int, default=d.memory_budget_bytes,
+         help="(Petal) memory a worker holds for the requests in flight: their bodies as read, parsed and decoded, "
+         "and the images being decoded; a request past it gets 503 with Retry-After at once. 0: the memory limit "
+         "(cgroup, else physical) less 15%% headroom, the master and the idle workers, over the workers; "
+         "-1: no budget")
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
     flag("--rest_api_enable_cors_support", default=False, help="CORS for every origin, as "
@@ -340,6 +348,28 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the MetaGraph to load")
     flag("--prefer_tflite_model", default=False, help="serve a version's model.tflite when it has one", **boolean)
     return parser
+
+
+def resolve_memory_budget(options: ServerOptions, memory: int | None = None) -> None:
+    """Fill in the derived budget and pixel share (serving/memory.py) for `memory` bytes (default: this machine's
+    or cgroup's limit); -1 for either turns the whole budget off."""
+    if options.memory_budget_bytes < 0 or options.max_inflight_pixels < 0:
+        options.memory_budget_bytes = options.max_inflight_pixels = -1
+        return
+    if 0 < options.max_inflight_pixels < options.max_image_pixels:
+        raise ValueError("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could "
+                         "never run")
+    if options.memory_budget_bytes == 0:
+        pixels = max(options.max_inflight_pixels, options.max_image_pixels)
+        floor = pixels * BYTES_PER_PIXEL + options.max_request_bytes * BODY_BYTES_FACTOR
+        memory = available_memory() if memory is None else memory
+        options.memory_budget_bytes = default_memory_budget(memory, options.workers, floor)
+    if options.max_inflight_pixels == 0:
+        options.max_inflight_pixels = default_pixel_share(options.memory_budget_bytes, options.max_image_pixels)
+    if options.max_inflight_pixels * BYTES_PER_PIXEL >= options.memory_budget_bytes:
+        raise ValueError(f"--memory_budget_bytes ({options.memory_budget_bytes}) must be larger than the decoded "
+                         f"pixels it keeps (--max_inflight_pixels {options.max_inflight_pixels}, "
+                         f"{BYTES_PER_PIXEL} bytes each), to leave room for request bodies")
 
 
 def parse_args(argv: list[str]) -> ServerOptions:
@@ -377,12 +407,10 @@ def parse_args(argv: list[str]) -> ServerOptions:
         check_model_root(options.model_server_config(), args.model_root)
     except (OSError, ValueError, text_format.ParseError) as error:
         parser.error(str(error))
-    if options.max_inflight_pixels == 0:
-        options.max_inflight_pixels = default_pixel_budget(available_memory(), options.workers,
-                                                           options.max_image_pixels)
-    elif 0 < options.max_inflight_pixels < options.max_image_pixels:
-        parser.error("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could never "
-                     "run")
+    try:
+        resolve_memory_budget(options)
+    except ValueError as error:
+        parser.error(str(error))
     if options.tls and options.worker_class != "gevent":
         parser.error("--ssl_config_file needs --worker_class=gevent (the REST port's TLS lives in its worker)")
     if min(options.workers, options.threads, options.max_connections, options.grpc_max_threads) < 1:

@@ -1,8 +1,8 @@
-"""How much memory this process may use, and from it the default budget of decoded pixels per worker.
+"""How much memory this process may use, and from it the default memory budget of each worker.
 
-A JPEG is small on the wire and large once decoded (a 6000 x 6000 flat colour: 0.56 MB sent, 108 MB decoded), so
-memory is bounded by the pixels being decoded at once, not by bytes received. The limit is the cgroup's (v2
-`memory.max`, v1 `memory.limit_in_bytes`) when there is one, else the machine's physical memory.
+The budget (serving/core/budget.py) covers what requests in flight hold: their bodies, and the images being
+decoded, which a JPEG makes large (a 6000 x 6000 flat colour: 0.56 MB sent, 108 MB decoded). The limit is the
+cgroup's (v2 `memory.max`, v1 `memory.limit_in_bytes`) when there is one, else the machine's physical memory.
 """
 from __future__ import annotations
 
@@ -12,12 +12,30 @@ from pathlib import Path
 from serving.cpus import CGROUP_ROOT
 
 GiB = 1 << 30
+MiB = 1 << 20
 # Decoding holds the uint8 RGB image (3 bytes a pixel) and the decoder's working rows; the resize writes only the
-# model's small input. 4 bytes a pixel covers both, measured with benchmarks/memory.py.
+# model's small input, and the model's per-batch tensors are smaller than that input. 4 bytes a pixel covers all
+# of it, measured with benchmarks/memory.py.
 BYTES_PER_PIXEL = 4
-# Half of what the process may use goes to decoding, at most 1 GiB per worker: the rest is the model, TensorFlow,
-# Python and the request bodies (a worker idles at about 650 MB with the default model).
-MAX_DEFAULT_DECODE_BYTES = GiB
+# What a request body costs while it is served, for each byte received: the bytes, a second copy while they are
+# read or parsed (werkzeug joins the pieces read; JSON is parsed from text; gRPC hands over the serialized message),
+# the parsed strings or deserialized message, and the decoded inputs (3-4x measured with benchmarks/memory.py over
+# base64 JSON, V2 binary and gRPC, with one image decoding). A JSON number costs more than its few bytes: JSON_VALUE_BYTES for
+# each value outside strings (a Python float and its list slot, then numpy's float64 array and the signature's
+# dtype: 25-70 bytes a value measured, whatever its digits).
+BODY_BYTES_FACTOR = 4
+JSON_VALUE_BYTES = 64
+# A worker's resident memory with the default model, idle (measured with benchmarks/memory.py: 631-655 MB), and
+# the gunicorn master's.
+IDLE_WORKER_BYTES = 700 * MiB
+MASTER_BYTES = 64 * MiB
+# The process group stays within 85% of the limit; and what a worker holds may exceed its budget's estimate by up
+# to 15% (allocator slack, Python's per-object overhead), measured with benchmarks/memory.py.
+HEADROOM = 0.15
+ESTIMATE_SLACK = 0.15
+# More than this per worker buys no throughput (the CPUs, not memory, bound a worker past it) and on a machine
+# without a cgroup limit would let one worker take memory other processes need.
+MAX_DEFAULT_BUDGET = 2 * GiB
 
 
 def available_memory(cgroup_root: str = CGROUP_ROOT) -> int:
@@ -32,7 +50,14 @@ def available_memory(cgroup_root: str = CGROUP_ROOT) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def default_pixel_budget(memory: int, workers: int, max_image_pixels: int) -> int:
-    """Decoded pixels one worker may hold at once: never less than one largest allowed image, or it could not run."""
-    decode_bytes = min(MAX_DEFAULT_DECODE_BYTES, memory // (2 * max(1, workers)))
-    return max(decode_bytes // BYTES_PER_PIXEL, max_image_pixels)
+def default_memory_budget(memory: int, workers: int, floor: int) -> int:
+    """Bytes one worker may hold for requests: the limit less the headroom, the master and the idle workers, over
+    the workers and the estimate's slack; never less than `floor` (what one largest request needs)."""
+    usable = memory * (1 - HEADROOM) - MASTER_BYTES - workers * IDLE_WORKER_BYTES
+    per_worker = int(usable / max(1, workers) / (1 + ESTIMATE_SLACK))
+    return max(min(per_worker, MAX_DEFAULT_BUDGET), floor)
+
+
+def default_pixel_share(budget: int, max_image_pixels: int) -> int:
+    """Decoded pixels a worker's TF calls may hold at once: half its budget, never less than one largest image."""
+    return max(budget // 2 // BYTES_PER_PIXEL, max_image_pixels)

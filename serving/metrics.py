@@ -278,6 +278,9 @@ class Metrics:
                                  ("model_name",), registry, multiprocess_mode="livesum")
         self.rejected = Counter(":petal:serving:rejected_requests", "Requests rejected before running, by "
                                 "reason.", ("model_name", "reason"), registry)
+        self.memory_held = Gauge(":petal:serving:memory_budget_held_bytes", "Bytes of the workers' memory "
+                                 "budgets held by requests in flight, by kind (bodies, pixels).", ("kind",),
+                                 registry, multiprocess_mode="livesum")
         self.load_latency = Histogram(":petal:serving:model_load_latency", "Wall time (in microseconds) to load "
                                       "and warm up a model version.", ("model_name",), LATENCY_BUCKETS_US, registry)
         self.loaded_versions = Gauge(":petal:serving:loaded_versions", "1 for each AVAILABLE model version.",
@@ -287,8 +290,8 @@ class Metrics:
                                        ("model_name", "version"), registry)
         self._all: list[_Metric] = [
             self.request_count, self.request_latency, self.runtime_latency, self.queuing_latency,
-            self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.load_latency,
-            self.loaded_versions, self.warmup_requests]
+            self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.memory_held,
+            self.load_latency, self.loaded_versions, self.warmup_requests]
 
     def _families(self) -> Iterable[Any]:
         if self._directory:

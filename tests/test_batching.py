@@ -7,7 +7,8 @@ import pytest
 from google.protobuf import text_format
 
 from serving.config import BatchingOptions
-from serving.core.batching import Batcher, PixelBudget
+from serving.core.batching import Batcher
+from serving.core.budget import MemoryBudget
 from serving.core.errors import ServingError
 from serving.metrics import Metrics
 from serving.protos import BatchingParameters
@@ -216,7 +217,7 @@ def test_pixel_budget_bounds_what_batches_decode_at_once():
         with lock:
             held[0] -= pixels
         return {"y": inputs["x"] * 2}
-    batcher = Batcher(BatchingOptions(max_batch_size=64, num_batch_threads=2), Metrics(), pixel_budget=PixelBudget(10))
+    batcher = Batcher(BatchingOptions(max_batch_size=64, num_batch_threads=2), Metrics(), budget=MemoryBudget(0, 10))
     results = []
 
     def one(rows: int) -> None:
@@ -232,7 +233,7 @@ def test_pixel_budget_bounds_what_batches_decode_at_once():
 
 
 def test_pixel_budget_waits_and_lets_an_oversized_call_run_alone():
-    budget = PixelBudget(10)
+    budget = MemoryBudget(0, 10)
     assert budget.acquire(8)
     assert not budget.acquire(5, deadline=time.monotonic() + 0.1)  # would exceed: waits, then gives up
     released = threading.Timer(0.1, budget.release, args=(8,))
@@ -241,4 +242,4 @@ def test_pixel_budget_waits_and_lets_an_oversized_call_run_alone():
     budget.release(5)
     assert budget.acquire(50)  # larger than the budget: runs alone rather than never
     budget.release(50)
-    assert PixelBudget(-1).acquire(10 ** 12)
+    assert MemoryBudget(-1, -1).acquire(10 ** 12)

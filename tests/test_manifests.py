@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.config import ServerOptions, parse_args
+from serving.config import ServerOptions, parse_args, resolve_memory_budget
 from serving.worker import intra_op_threads
 from serving.cpus import available_cores
-from serving.memory import BYTES_PER_PIXEL, available_memory, default_pixel_budget
+from serving.memory import (BODY_BYTES_FACTOR, BYTES_PER_PIXEL, ESTIMATE_SLACK, HEADROOM, IDLE_WORKER_BYTES,
+                            MASTER_BYTES, available_memory)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -241,19 +242,23 @@ def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
     assert "replicas" not in objects["Deployment"]["spec"], "the autoscaler owns the replica count"
 
 
-# A worker's resident memory when idle with the default model (measured with benchmarks/memory.py: 640-655 MB).
-IDLE_WORKER_BYTES = 700 * 2**20
-
-
-def test_memory_limit_holds_idle_workers_plus_the_default_pixel_budget(tmp_path):
-    """The pixel budget is sized from the pod's limit, so a pixel flood cannot get the pod OOM-killed."""
+def test_memory_limit_holds_the_idle_server_the_default_budget_and_the_headroom(tmp_path):
+    """The memory budget is derived from the pod's limit, so that no flood gets the pod OOM-killed: the master and
+    each worker, idle (IDLE_WORKER_BYTES, measured with benchmarks/memory.py), plus each worker's budget and the
+    15% its estimate may be exceeded by, stay within 85% of the limit."""
     container = pod_container(kubernetes_objects())
     limit = memory_bytes(container["resources"]["limits"]["memory"])
     (tmp_path / "memory.max").write_text(f"{limit}\n")  # the pod's cgroup
     options = server_options(read_dockerfile(), container["args"], container_env(container))
-    budget = default_pixel_budget(available_memory(str(tmp_path)), options.workers, options.max_image_pixels)
-    assert not any(arg.startswith("--max_inflight_pixels") for arg in container["args"]), "derived, not pinned"
-    assert options.workers * (IDLE_WORKER_BYTES + budget * BYTES_PER_PIXEL) <= limit
+    for pinned in ("--memory_budget_bytes", "--max_inflight_pixels"):
+        assert not any(arg.startswith(pinned) for arg in container["args"]), f"{pinned}: derived, not pinned"
+    options.memory_budget_bytes = options.max_inflight_pixels = 0
+    resolve_memory_budget(options, available_memory(str(tmp_path)))
+    budget = options.memory_budget_bytes
+    one_request = options.max_image_pixels * BYTES_PER_PIXEL + options.max_request_bytes * BODY_BYTES_FACTOR
+    assert budget >= 2 * one_request, "the pod should hold more than one largest request at a time"
+    assert MASTER_BYTES + options.workers * (IDLE_WORKER_BYTES + budget * (1 + ESTIMATE_SLACK)) \
+        <= (1 - HEADROOM) * limit
 
 
 def test_selectors_targets_and_user_line_up():

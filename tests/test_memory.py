@@ -1,5 +1,8 @@
-"""The memory limit a worker sizes its pixel budget by: the cgroup's, else physical memory."""
-from serving.memory import BYTES_PER_PIXEL, GiB, available_memory, default_pixel_budget
+"""The memory limit a worker sizes its memory budget by (the cgroup's, else physical memory), and the budget it
+derives."""
+from serving.memory import (BYTES_PER_PIXEL, ESTIMATE_SLACK, HEADROOM, IDLE_WORKER_BYTES, MASTER_BYTES,
+                            MAX_DEFAULT_BUDGET, GiB, MiB, available_memory, default_memory_budget,
+                            default_pixel_share)
 
 
 def test_cgroup_v2_and_v1_limits_and_none(tmp_path):
@@ -15,9 +18,29 @@ def test_cgroup_v2_and_v1_limits_and_none(tmp_path):
     assert available_memory(str(tmp_path)) == physical
 
 
-def test_default_budget_is_half_the_memory_over_the_workers_at_most_a_gib_each():
-    assert default_pixel_budget(2 * GiB, 1, 40_000_000) == GiB // BYTES_PER_PIXEL
-    assert default_pixel_budget(64 * GiB, 1, 40_000_000) == GiB // BYTES_PER_PIXEL
-    assert default_pixel_budget(2 * GiB, 4, 40_000_000) == 2 * GiB // 8 // BYTES_PER_PIXEL
-    # never below one largest allowed image, which could otherwise never run
-    assert default_pixel_budget(GiB // 4, 2, 40_000_000) == 40_000_000
+def group_peak(memory: int, workers: int) -> float:
+    """The worst the process group can reach under the derived budget: the master, and each worker idle plus its
+    budget and the estimate's slack."""
+    return MASTER_BYTES + workers * (IDLE_WORKER_BYTES + default_memory_budget(memory, workers, 0) *
+                                     (1 + ESTIMATE_SLACK))
+
+
+def test_default_budget_keeps_the_process_group_within_85_percent_of_the_limit():
+    for memory, workers in ((2 * GiB, 1), (4 * GiB, 2), (3 * GiB, 3), (8 * GiB, 4)):
+        budget = default_memory_budget(memory, workers, 0)
+        assert 0 < budget < MAX_DEFAULT_BUDGET
+        assert group_peak(memory, workers) <= (1 - HEADROOM) * memory
+        assert group_peak(memory, workers) > (1 - HEADROOM) * memory - workers * MiB  # and uses what it may
+    assert default_memory_budget(2 * GiB, 1, 0) > 800 * MiB  # the shipped pod: 849 MiB
+    assert default_memory_budget(64 * GiB, 1, 0) == MAX_DEFAULT_BUDGET  # no limit but a large machine's
+
+
+def test_default_budget_never_falls_below_one_largest_request():
+    floor = 300 * MiB
+    assert default_memory_budget(2 * GiB, 4, floor) == floor  # four idle workers do not fit: the floor stands
+    assert default_memory_budget(GiB // 2, 1, floor) == floor
+
+
+def test_default_pixel_share_is_half_the_budget_at_least_one_largest_image():
+    assert default_pixel_share(GiB, 40_000_000) == GiB // 2 // BYTES_PER_PIXEL
+    assert default_pixel_share(256 * MiB, 40_000_000) == 40_000_000

@@ -17,7 +17,8 @@ import pytest
 
 from serving import threads
 from serving.config import BatchingOptions, ServerOptions, build_parser, parse_args
-from serving.core.batching import Batcher, PixelBudget
+from serving.core.batching import Batcher
+from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
 from serving.metrics import Metrics
 from serving.model_server_flags import UNIMPLEMENTED
@@ -160,7 +161,7 @@ def test_a_far_deadline_is_no_deadline_and_a_near_one_is_kept():
 
 
 def test_the_pixel_budget_waits_for_room_under_a_far_deadline():
-    budget = PixelBudget(10)
+    budget = MemoryBudget(0, 10)
     assert budget.acquire(8)
     threading.Timer(0.2, budget.release, args=(8,)).start()
     assert budget.acquire(8, time.monotonic() + FAR)

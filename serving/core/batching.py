@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable
 import numpy as np
 
 from serving.config import BatchingOptions
+from serving.core.budget import MemoryBudget
 from serving import threads
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, unavailable
 from serving.metrics import Metrics
@@ -26,40 +27,8 @@ logger = logging.getLogger(__name__)
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-class PixelBudget:
-    """The decoded image pixels a worker holds at once (--max_inflight_pixels; 0 or less: no budget).
-
-    Decoding is where a pixel flood turns a few MB on the wire into GBs, so every TF call first takes the pixels
-    of the images it will decode, waiting while other calls hold too many, and gives them back when it ends. A call
-    larger than the whole budget runs alone rather than never.
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._held = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, pixels: int, deadline: float | None = None) -> bool:
-        """Take `pixels`, waiting until they fit; False if the deadline passes first."""
-        if self.limit <= 0 or pixels <= 0:
-            return True
-        with self._cond:
-            fits = lambda: self._held == 0 or self._held + pixels <= self.limit  # noqa: E731
-            if not self._cond.wait_for(fits, threads.timeout_until(deadline)):
-                return False
-            self._held += pixels
-            return True
-
-    def release(self, pixels: int) -> None:
-        if self.limit <= 0 or pixels <= 0:
-            return
-        with self._cond:
-            self._held -= pixels
-            self._cond.notify_all()
-
-
 def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str, budget: PixelBudget, pixels: int) -> dict[str, np.ndarray]:
+               model_name: str, api: str, budget: MemoryBudget, pixels: int) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
     past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
     if deadline is not None and time.monotonic() >= deadline:
@@ -71,7 +40,7 @@ def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None,
 
 
 def _run(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str, apis: Iterable[str],
-         budget: PixelBudget, pixels: int, deadline: float | None = None) -> dict[str, np.ndarray]:
+         budget: MemoryBudget, pixels: int, deadline: float | None = None) -> dict[str, np.ndarray]:
     """One TF call within the pixel budget, its runtime recorded once for each API among the requests it serves:
     predict and classify share a batch queue, so the label comes from the requests in the batch, not the queue."""
     if not budget.acquire(pixels, deadline):
@@ -128,10 +97,10 @@ class Batcher:
     """One per worker process; `run` blocks the calling request thread until its rows come back."""
 
     def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True,
-                 pixel_budget: PixelBudget | None = None):
+                 budget: MemoryBudget | None = None):
         self.options = options
         self.enabled = enabled
-        self.budget = pixel_budget or PixelBudget(0)
+        self.budget = budget or MemoryBudget(0, 0)
         self._metrics = metrics
         self._cond = threading.Condition()
         self._queues: dict[Hashable, _Queue] = {}
@@ -175,7 +144,7 @@ class Batcher:
     def _chunk_bounds(self, row_pixels: np.ndarray) -> list[tuple[int, int]]:
         """Consecutive row ranges of at most max_batch_size rows and at most the pixel budget (or one row)."""
         bounds, start, held = [], 0, 0
-        budget = self.budget.limit if self.budget.limit > 0 else None
+        budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
         for row, pixels in enumerate(row_pixels.tolist()):
             full = row - start == self.options.max_batch_size or (budget is not None and held + pixels > budget)
             if row > start and full:
@@ -268,7 +237,7 @@ class Batcher:
     def _take(self, queue: _Queue) -> list[_Task]:
         """The head tasks that fit one batch: max_batch_size rows, and the pixel budget after the first task."""
         tasks, rows, pixels, now = [], 0, 0, time.monotonic()
-        budget = self.budget.limit if self.budget.limit > 0 else None
+        budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
         while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size and (
                 not tasks or budget is None or pixels + queue.tasks[0].pixels <= budget):
             task = queue.tasks.popleft()

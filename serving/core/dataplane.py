@@ -22,7 +22,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import ServerOptions, check_model_root
 from serving.core import examples, images
-from serving.core.batching import Batcher, PixelBudget, run_inline
+from serving.core.batching import Batcher, run_inline
+from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
 from serving.metrics import Metrics
 from serving.core.loaders import LoadOptions
@@ -128,6 +129,11 @@ class Core:
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
 
     # --- inference ---------------------------------------------------------------------------------------------
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """The worker's memory budget: protocols hold a request's body in it from admission to answer."""
+        return self.batcher.budget
 
     def predict(self, model: str, inputs: Inputs, version: int | None = None,
                 label: str | None = None, signature_name: str = "", output_filter: list[str] | None = None,
@@ -319,7 +325,7 @@ class Core:
         started once they have loaded and the caller has told `core.startup` of each port it opened."""
         metrics = Metrics()
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching,
-                          pixel_budget=PixelBudget(options.max_inflight_pixels))
+                          budget=MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics))
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
                                 drain_seconds=options.graceful_timeout,

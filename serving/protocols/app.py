@@ -15,7 +15,7 @@ from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Code, Core, ServingError
-from serving.protocols import access_log, auth, kserve, openapi, rest, web
+from serving.protocols import access_log, admission, auth, kserve, openapi, rest, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ def create_app(core: Core) -> flask.Flask:
         if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
                 and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
             core.wait_started(time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0)
+
+    admission.install(app, core)
 
     @app.errorhandler(ServingError)
     def serving_error(error: ServingError) -> flask.Response:

@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      prediction_service_pb2_grpc, model_service_pb2_grpc, regression_pb2)
 
 from serving.config import ServerOptions, TLSOptions, bind_address
+from serving.memory import BODY_BYTES_FACTOR
 from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
                           invalid)
 from serving import threads
@@ -104,10 +105,14 @@ def inference_result(model: str, version: int, result: Result) -> inference_pb2.
 
 
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line."""
+    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line. The request,
+    already deserialized, holds its share of the worker's memory budget while it runs (UNAVAILABLE when full, as
+    TF Serving answers a full batch queue: a retryable overload, not a client's quota). What grpcio holds before any
+    handler runs, each message received (up to --grpc_max_message_bytes) and parsed, is outside the budget."""
     def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return method(self, request, context)
+            with self.core.memory.hold(request.ByteSize() * BODY_BYTES_FACTOR):
+                return method(self, request, context)
         except ServingError as err:
             context.abort(GRPC_STATUS[err.code], err.message)
         except Exception as exc:

@@ -19,6 +19,8 @@ import pybase64
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from serving.core import invalid
+from serving.memory import BODY_BYTES_FACTOR, JSON_VALUE_BYTES
+from serving.protocols.admission import charge
 
 RETRY_AFTER_SECONDS = "1"
 JSON_MIMETYPE = "application/json"
@@ -89,7 +91,9 @@ def request_body(max_bytes: int) -> bytes:
     encoding = flask.request.headers.get("Content-Encoding", "").lower()
     if encoding not in _WBITS or not data:
         return data
-    return inflate(data, encoding, max_bytes)
+    inflated = inflate(data, encoding, max_bytes)
+    charge(len(inflated) * BODY_BYTES_FACTOR)  # the memory budget's hold (serving/protocols/admission.py)
+    return inflated
 
 
 def inflate(data: bytes, encoding: str, max_bytes: int) -> bytes:
@@ -175,7 +179,8 @@ def parse_json(data: bytes) -> object:
     a document json.loads parses at least as far as it recurses, that copy is exact (strings are
     found the same way, left to right); for a malformed one it may differ, and json.loads rejects it anyway. The
     float hook is only installed when the scan finds a suspect exponent, so an ordinary body is parsed at the full
-    speed of the C scanner."""
+    speed of the C scanner. The same copy counts the values that will become Python objects (numbers, mostly), whose cost is
+    charged to the request's memory hold before json.loads makes them."""
     if not data or data.isspace():
         raise invalid("JSON Parse error: The document is empty")
     try:
@@ -191,6 +196,7 @@ def parse_json(data: bytes) -> object:
         # exact depth scan.
         if unquoted.count(b"[") + unquoted.count(b"{") > MAX_JSON_DEPTH and bracket_depth(unquoted) > MAX_JSON_DEPTH:
             raise _Hostile(f"arrays and objects nest deeper than the limit of {MAX_JSON_DEPTH} levels")
+        charge((unquoted.count(b",") + 1) * JSON_VALUE_BYTES)  # a value per comma, outside strings
         shape = unquoted.translate(_NUMBER_SHAPE, b"+")
         if _LONG_NUMBER in shape:
             raise _Hostile(f"a number has more than {MAX_NUMBER_DIGITS} digits")
