@@ -20,7 +20,7 @@ from serving.config import ServerOptions, check_model_root
 from serving.core import images
 from serving.core.batching import Batcher, PixelBudget, run_inline
 from serving.core.errors import ServingError, invalid
-from serving.metrics import Metrics
+from serving.metrics import Metrics, VersionStatistics
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
 
@@ -105,16 +105,20 @@ class Core:
         """
         started = time.monotonic()
         status = "OK"
+        served = None  # the version that took the request, which Triton's statistics count it under
         try:
             with self.repository.serving(model, version, label) as servable:
+                served = servable.version
                 return self._predict_on(servable, inputs, signature_name, output_filter, deadline, api)
         except ServingError as error:
             status = error.code.name
             raise
         finally:
+            elapsed_us = (time.monotonic() - started) * 1e6
             self.metrics.request_count.inc(model_name=model, status=status)
-            self.metrics.request_latency.observe((time.monotonic() - started) * 1e6, model_name=model, API=api,
-                                                 entrypoint=entrypoint)
+            self.metrics.request_latency.observe(elapsed_us, model_name=model, API=api, entrypoint=entrypoint)
+            if served is not None:
+                self.metrics.record_request(model, served, status == "OK", elapsed_us)
 
     def classify_images(self, model: str, images_bytes: list[bytes], version: int | None = None,
                         label: str | None = None, signature_name: str = "", top_k: int = 5,
@@ -143,10 +147,10 @@ class Core:
         if batched:
             size = next(iter(arrays.values())).shape[0]
             outputs = self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                       deadline, api, pixels)
+                                       deadline, api, pixels, servable.version)
         else:
             outputs = run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
-                                 int(pixels[0]))
+                                 int(pixels[0]), servable.version)
         if output_filter:
             outputs = {k: outputs[k] for k in output_filter}
         return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
@@ -197,6 +201,25 @@ class Core:
     def available_versions(self, model: str) -> list[int]:
         """The versions of a model that serve requests now, newest first."""
         return [s.version for s in self.repository.status(model) if s.state == "AVAILABLE"]
+
+    def statistics(self, model: str | None = None,
+                   version: int | None = None) -> list[tuple[str, int, VersionStatistics]]:
+        """Triton's statistics: each AVAILABLE version of `model` (of every model when None, skipping models with
+        none yet), or the one version asked for (NOT_FOUND unless it is AVAILABLE), with its totals so far."""
+        if model is None:
+            keys = [(name, v) for name in self.model_names() for v in self._available_or_none(name)]
+        elif version is None:
+            keys = [(model, v) for v in self.available_versions(model)]
+        else:
+            keys = [(model, self.signatures(model, version)[0])]
+        totals = self.metrics.version_statistics()
+        return [(name, v, totals.get((name, v)) or VersionStatistics()) for name, v in keys]
+
+    def _available_or_none(self, model: str) -> list[int]:
+        try:
+            return self.available_versions(model)
+        except ServingError:  # configured, but no version on disk yet
+            return []
 
     def wait_loaded(self) -> None:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
