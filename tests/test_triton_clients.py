@@ -122,7 +122,7 @@ def test_grpc_health_and_metadata(grpc_client):
     assert {"binary_tensor_data", "classification", "model_configuration", "statistics"} <= set(server["extensions"])
     metadata = grpc_client.get_model_metadata("flowers", headers=bearer(), as_json=True)
     assert metadata["versions"] == ["1"] and metadata["platform"] == "tensorflow_savedmodel"
-    assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": ["-1"]}]
+    assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": ["-1", "1"]}]
     assert {"name": "probabilities", "datatype": "FP32", "shape": ["-1", "5"]} in metadata["outputs"]
 
 
@@ -138,6 +138,17 @@ def test_grpc_fp32_on_a_float_input_predicts_what_rest_v1_does(server, pki, grpc
     result = grpc_client.infer("half", [float_input(grpcclient, values)], headers=bearer(), model_version="1")
     np.testing.assert_array_equal(result.as_numpy("y"), np.array(values, np.float32) * 0.5 + 2)
     np.testing.assert_array_equal(result.as_numpy("y"), rest_v1(server, pki, "half", values))
+
+
+def test_inputs_shaped_as_the_model_config_declares_them(grpc_client, http_client):
+    """The configuration says dims [1] reshaped to [] for one value per row, so [rows, 1] is taken as [rows]."""
+    tensor = grpcclient.InferInput("x", [2, 1], "FP32").set_data_from_numpy(np.array([[1.0], [3.0]], np.float32))
+    np.testing.assert_array_equal(grpc_client.infer("half", [tensor], headers=bearer()).as_numpy("y"), [2.5, 3.5])
+    tensor = httpclient.InferInput("x", [2, 1], "FP32").set_data_from_numpy(np.array([[1.0], [3.0]], np.float32))
+    np.testing.assert_array_equal(http_client.infer("half", [tensor], headers=bearer()).as_numpy("y"), [2.5, 3.5])
+    with pytest.raises(InferenceServerException, match="shape"):
+        grpc_client.infer("half", [grpcclient.InferInput("x", [1, 2], "FP32").set_data_from_numpy(
+            np.zeros((1, 2), np.float32))], headers=bearer())
 
 
 def test_grpc_classification_extension(grpc_client):
@@ -250,11 +261,12 @@ def test_model_config_over_http_and_grpc(server, pki, http_client, grpc_client):
     config = http_client.get_model_config("flowers", headers=bearer())
     assert config["name"] == "flowers" and config["platform"] == "tensorflow_savedmodel"
     assert config["max_batch_size"] == 8
-    assert config["input"] == [{"name": "image_bytes", "data_type": "TYPE_STRING", "dims": []}]
+    assert config["input"] == [{"name": "image_bytes", "data_type": "TYPE_STRING", "dims": [1],
+                                "reshape": {"shape": []}}]
     assert {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [5]} in config["output"]
     assert config["dynamic_batching"] == {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 1000}
     assert http_client.get_model_config("half", "1", headers=bearer())["input"] == [
-        {"name": "x", "data_type": "TYPE_FP32", "dims": []}]
+        {"name": "x", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]
     over_grpc = grpc_client.get_model_config("flowers", headers=bearer()).config
     assert over_grpc.max_batch_size == 8
     assert over_grpc.input[0].data_type == model_config_pb2.DataType.Value("TYPE_STRING")

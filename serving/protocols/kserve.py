@@ -226,7 +226,7 @@ def create_blueprint(core: Core) -> flask.Blueprint:
                                                       for o in requested):
             raise invalid("'outputs' must be a list of objects with a 'name'")
         output_parameters = {o["name"]: object_field(o, "parameters", f"Output {o['name']!r}: ") for o in requested}
-        result = core.predict(model=model, inputs=inputs, version=parse_version(version),
+        result = core.predict(model=model, inputs=v2.with_triton_dims(inputs), version=parse_version(version),
                               signature_name=string_field(parameters, "signature_name"),
                               output_filter=[o["name"] for o in requested] or None, deadline=deadline,
                               entrypoint="REST")

@@ -132,7 +132,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise invalid("ModelInferRequest needs a model_name")
         signature = request.parameters.get("signature_name")
         requested = [output.name for output in request.outputs]
-        result = self.core.predict(model=request.model_name, inputs=request_inputs(request),
+        result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(request_inputs(request)),
                                    version=version_of(request.model_version),
                                    signature_name=signature.string_param if signature is not None else "",
                                    output_filter=requested or None, deadline=deadline_of(context),

@@ -8,9 +8,10 @@ dicts into the gRPC messages, so REST and gRPC cannot disagree.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flask
+import numpy as np
 
 from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Core, SignatureInfo, TensorInfo
 from serving.protocols.httputil import parse_version
@@ -31,18 +32,32 @@ def served_signature(signatures: dict[str, SignatureInfo]) -> SignatureInfo:
     return signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
 
 
+def batches(core: Core, signature: SignatureInfo) -> bool:
+    """Whether the model batches in Triton's sense: batching is on and every input has a leading -1."""
+    return core.options.enable_batching and bool(signature.inputs) and all(
+        t.shape and t.shape[0] == -1 for t in signature.inputs.values())
+
+
 def model_metadata(core: Core, model: str, version: int | None) -> dict[str, Any]:
-    """V2 model metadata; without a version, `versions` lists every AVAILABLE one."""
+    """V2 model metadata; without a version, `versions` lists every AVAILABLE one. Shapes are the signature's,
+    except that an input of one value per row of a batching model is [-1, 1], as Triton derives it from the
+    model configuration's dims [1] (perf_analyzer reads the shape there, and needs a dimension past the batch)."""
     resolved, signatures = core.signatures(model, version)
     signature = served_signature(signatures)
+    batched = batches(core, signature)
 
-    def tensors(infos: dict[str, TensorInfo]) -> list[dict[str, Any]]:
-        return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype),
-                 "shape": [-1] if t.shape is None else list(t.shape)} for name, t in infos.items()]
+    def shape(t: TensorInfo, is_input: bool) -> list[int]:
+        if t.shape is None:
+            return [-1]
+        return [-1, 1] if is_input and batched and one_per_row(t) else list(t.shape)
+
+    def tensors(infos: dict[str, TensorInfo], is_input: bool) -> list[dict[str, Any]]:
+        return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype), "shape": shape(t, is_input)}
+                for name, t in infos.items()]
 
     versions = [str(v) for v in core.available_versions(model)] if version is None else [str(resolved)]
-    return {"name": model, "versions": versions, "platform": PLATFORM, "inputs": tensors(signature.inputs),
-            "outputs": tensors(signature.outputs)}
+    return {"name": model, "versions": versions, "platform": PLATFORM, "inputs": tensors(signature.inputs, True),
+            "outputs": tensors(signature.outputs, False)}
 
 
 def config_type(tf_dtype: str) -> str:
@@ -51,30 +66,49 @@ def config_type(tf_dtype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
+def one_per_row(t: TensorInfo | None) -> bool:
+    """A batched input of one value per row ([-1]), which Triton's configuration has as dims [1] reshaped to []."""
+    return t is not None and t.shape == [-1]
+
+
+def with_triton_dims(inputs: dict[str, np.ndarray]) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
+    """The inputs as Core.predict's function of the signature: an input of one value per row may come shaped
+    [rows, 1], the dims the model configuration declares (as perf_analyzer sends it), or [rows]."""
+    def for_signature(info: SignatureInfo) -> dict[str, np.ndarray]:
+        return {name: array.reshape(len(array)) if one_per_row(info.inputs.get(name)) and array.ndim == 2
+                and array.shape[1] == 1 else array for name, array in inputs.items()}
+    return for_signature
+
+
 def model_config(core: Core, model: str, version: int | None) -> dict[str, Any]:
     """Triton's ModelConfig of the served signature of `version` (the latest when None).
 
-    With batching on and every input batched (a leading -1), the model batches in Triton's sense: max_batch_size
+    With batching on and every input batched (`batches`), the model batches in Triton's sense: max_batch_size
     is the batcher's, dims leave the batch dimension out, and dynamic_batching carries allowed_batch_sizes and
-    batch_timeout_micros. Otherwise max_batch_size is 0 and dims are the whole shapes, as Triton has them for a
-    model it does not batch.
+    batch_timeout_micros; an input of one value per row is dims [1] reshaped to [], since Triton's tools need
+    dims (`with_triton_dims` takes it either way). Otherwise max_batch_size is 0 and dims are the whole shapes, as
+    Triton has them for a model it does not batch.
     """
     _, signatures = core.signatures(model, version)
     signature = served_signature(signatures)
     batching = core.options.batching
-    batched = core.options.enable_batching and bool(signature.inputs) and all(
-        t.shape and t.shape[0] == -1 for t in signature.inputs.values())
+    batched = batches(core, signature)
 
-    def tensors(infos: dict[str, TensorInfo]) -> list[dict[str, Any]]:
-        def dims(t: TensorInfo) -> list[int]:
-            if t.shape is None:
-                return [-1]
-            return list(t.shape[1:]) if batched and t.shape and t.shape[0] == -1 else list(t.shape)
-        return [{"name": name, "data_type": config_type(t.dtype), "dims": dims(t)} for name, t in infos.items()]
+    def tensor(name: str, t: TensorInfo) -> dict[str, Any]:
+        if t.shape is None:
+            dims = [-1]
+        else:
+            dims = list(t.shape[1:]) if batched and t.shape and t.shape[0] == -1 else list(t.shape)
+        return {"name": name, "data_type": config_type(t.dtype), "dims": dims}
+
+    def config_input(name: str, t: TensorInfo) -> dict[str, Any]:
+        entry = tensor(name, t)
+        return {**entry, "dims": [1], "reshape": {"shape": []}} if batched and one_per_row(t) else entry
 
     config: dict[str, Any] = {"name": model, "platform": PLATFORM, "backend": "tensorflow",
                               "max_batch_size": batching.max_batch_size if batched else 0,
-                              "input": tensors(signature.inputs), "output": tensors(signature.outputs)}
+                              "input": [config_input(n, t) for n, t in signature.inputs.items()],
+                              "output": [tensor(n, t) for n, t in signature.outputs.items()]}
     if batched:
         config["dynamic_batching"] = {"preferred_batch_size": list(batching.allowed_batch_sizes),
                                       "max_queue_delay_microseconds": batching.batch_timeout_micros}
