@@ -38,7 +38,7 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(pki, tmp_path_factory):
     """"flowers" (the tiny image model) and "half" (y = 0.5 x + 2 on x: float32 [None]), batched, behind TLS and a
-    token, with the access log on."""
+    token, with the access log on; two workers, so the statistics are the sum over both workers' metrics files."""
     root = tmp_path_factory.mktemp("triton")
     tf2_module(str(root / "half"))
     (root / "batching").write_text(BATCHING)
@@ -49,6 +49,7 @@ def server(pki, tmp_path_factory):
         f'"tensorflow" }} config {{ name: "half" base_path: "{root / "half"}" model_platform: "tensorflow" }} }}')
     with run_server(f"--model_config_file={root / 'models'}", f"--batching_parameters_file={root / 'batching'}",
                     f"--ssl_config_file={root / 'ssl'}", f"--auth_token_file={root / 'tokens'}", "--access_log",
+                    "--workers=2",
                     tls_context=pki.client_context()) as srv:
         yield srv
 
