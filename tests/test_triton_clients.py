@@ -152,6 +152,16 @@ def test_inputs_shaped_as_the_model_config_declares_them(grpc_client, http_clien
             np.zeros((1, 2), np.float32))], headers=bearer())
 
 
+def test_grpc_another_signature_with_int64_and_bytes_both_ways(grpc_client):
+    """parameters.signature_name picks the signature, as over REST; BYTES outputs come back length-prefixed."""
+    ids = grpcclient.InferInput("ids", [2, 2], "INT64").set_data_from_numpy(np.array([[1, 2], [30, 40]], np.int64))
+    text = grpcclient.InferInput("text", [2], "BYTES").set_data_from_numpy(np.array([b"abc", b"\xff\x00"], object))
+    result = grpc_client.infer("half", [ids, text], headers=bearer(), parameters={"signature_name": "multi"})
+    assert result.as_numpy("sum").tolist() == [3, 70]
+    assert result.as_numpy("length").tolist() == [3, 2]
+    assert result.as_numpy("echo_bytes").tolist() == [b"abc", b"\xff\x00"]
+
+
 def test_grpc_classification_extension(grpc_client):
     output = grpcclient.InferRequestedOutput("probabilities", class_count=2)
     result = grpc_client.infer("flowers", [image_input(grpcclient, IMAGES[:1])], outputs=[output], headers=bearer())
