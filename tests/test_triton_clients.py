@@ -26,6 +26,7 @@ from tls_certs import make_pki
 
 pytestmark = pytest.mark.slow
 TOKEN = "predict-token-0123456789abcdef"
+MAX_MESSAGE_BYTES = 4 << 20
 BATCHING = ("max_batch_size { value: 8 } batch_timeout_micros { value: 1000 } num_batch_threads { value: 2 } "
             "allowed_batch_sizes: 4 allowed_batch_sizes: 8")
 
@@ -38,7 +39,8 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(pki, tmp_path_factory):
     """"flowers" (the tiny image model) and "half" (y = 0.5 x + 2 on x: float32 [None]), batched, behind TLS and a
-    token, with the access log on; two workers, so the statistics are the sum over both workers' metrics files."""
+    token, with the access log on and a 4 MB gRPC message limit; two workers, so the statistics are the sum over
+    both workers' metrics files."""
     root = tmp_path_factory.mktemp("triton")
     tf2_module(str(root / "half"))
     (root / "batching").write_text(BATCHING)
@@ -49,7 +51,7 @@ def server(pki, tmp_path_factory):
         f'"tensorflow" }} config {{ name: "half" base_path: "{root / "half"}" model_platform: "tensorflow" }} }}')
     with run_server(f"--model_config_file={root / 'models'}", f"--batching_parameters_file={root / 'batching'}",
                     f"--ssl_config_file={root / 'ssl'}", f"--auth_token_file={root / 'tokens'}", "--access_log",
-                    "--workers=2",
+                    "--workers=2", f"--grpc_max_message_bytes={MAX_MESSAGE_BYTES}",
                     tls_context=pki.client_context()) as srv:
         yield srv
 
@@ -217,6 +219,12 @@ def test_grpc_bad_requests_get_the_right_code(stub, request_, code, words):
         return
     error = call_error(stub.ModelInfer, request_)
     assert error.code().name == code and words in error.details()
+
+
+def test_a_message_past_the_grpc_limit_is_refused(stub):
+    request = raw_request("flowers", "image_bytes", "BYTES", [1], struct.pack("<I", MAX_MESSAGE_BYTES) +
+                          b"\0" * MAX_MESSAGE_BYTES)
+    assert call_error(stub.ModelInfer, request).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_typed_contents_are_checked_against_the_shape(stub):
