@@ -340,8 +340,9 @@ class Metrics:
         self.version_executions = Summary(":petal:serving:version_execution_duration_us", "Wall time (in "
                                           "microseconds) of a model version's executions, by batch size (padding "
                                           "included).", version + ("batch_size",), registry)
-        self.version_inferences = Counter(":petal:serving:version_inferences", "Rows a model version "
-                                          "computed, padding excluded.", version, registry)
+        self.version_inferences = Counter(":petal:serving:version_inferences", "Inferences a model version "
+                                          "computed: batched rows (padding excluded), or 1 a request without "
+                                          "batching.", version, registry)
         self.version_last_inference = Gauge(":petal:serving:version_last_inference_ms", "When a model version "
                                             "last answered a request (milliseconds since the epoch).", version,
                                             registry, multiprocess_mode="max")

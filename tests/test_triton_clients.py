@@ -350,3 +350,32 @@ def test_statistics_of_every_model_and_the_errors(server, pki, http_client):
         response = requests.get(server.rest_url + path, headers=bearer(),
                                 verify=str(pki.ca_cert), timeout=10)
         assert response.status_code == status and "error" in response.json(), path
+
+
+# --- the documents a server without batching gives (in-process) ----------------------------------------------
+
+def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signatures(tmp_path):
+    """Triton's form for a model it does not batch: max_batch_size 0, no dynamic_batching, dims the whole shape."""
+    from serving.config import ServerOptions
+    from serving.core import Core
+    from serving.protocols.app import create_app
+
+    tf2_module(str(tmp_path / "half"))
+    core = Core.create(ServerOptions(model_base_path=str(tmp_path / "half"), model_name="half",
+                                     file_system_poll_wait_seconds=0, enable_batching=False))
+    try:
+        core.wait_loaded()
+        client = create_app(core).test_client()
+        config = client.get("/v2/models/half/config").get_json()
+        assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+        assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}]
+        assert config["output"] == [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}]
+        assert client.get("/v2/models/half").get_json()["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1]}]
+        response = client.post("/v2/models/half/infer", json={"inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [2], "data": [2.0, 4.0]}]})
+        assert response.get_json()["outputs"][0]["data"] == [3.0, 4.0]
+        (entry,) = client.get("/v2/models/half/stats").get_json()["model_stats"]
+        assert entry["inference_count"] == 1 and entry["execution_count"] == 1  # an unbatched model's one inference
+        assert entry["inference_stats"]["success"]["count"] == 1 and entry["batch_stats"][0]["batch_size"] == 1
+    finally:
+        core.close()

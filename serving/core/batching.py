@@ -60,14 +60,14 @@ class PixelBudget:
 
 
 def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str, budget: PixelBudget, pixels: int, version: int = 0,
-               rows: int = 1) -> dict[str, np.ndarray]:
+               model_name: str, api: str, budget: PixelBudget, pixels: int, version: int = 0) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
-    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
+    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is. The
+    statistics count it as one inference of batch size 1, as Triton counts a request to a model it does not batch."""
     if deadline is not None and time.monotonic() >= deadline:
         raise deadline_exceeded("Deadline exceeded before the request ran")
     outputs = threads.run_off_loop(_run, fn, inputs, metrics, model_name, (api,), budget, pixels, deadline,
-                                   (version, [0.0], rows, rows))
+                                   (version, [0.0], 1, 1))
     if deadline is not None and time.monotonic() > deadline:
         raise deadline_exceeded("Deadline exceeded while the request was running")
     return outputs
@@ -164,7 +164,7 @@ class Batcher:
         row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
         if not self.enabled:
             return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
-                              int(row_pixels.sum()), version, size)
+                              int(row_pixels.sum()), version)  # one inference: the model does not batch
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
         bounds = self._chunk_bounds(row_pixels)
