@@ -36,7 +36,9 @@ import glob
 import math
 import os
 import threading
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import prometheus_client
@@ -247,6 +249,46 @@ class Histogram(_Metric):
         return lines
 
 
+class Summary(_Metric):
+    """A count and a sum (no quantiles): what Triton's statistics report per stage, as `(count, ns)` pairs."""
+
+    kind = "summary"
+
+    def __init__(self, name: str, help: str, labelnames: tuple[str, ...],
+                 registry: prometheus_client.CollectorRegistry):
+        super().__init__(name, help, labelnames,
+                         prometheus_client.Summary(name, help, labelnames, registry=registry))
+
+    def observe(self, value: float, **labels: str) -> None:
+        self._child(labels).observe(value)
+
+    def render(self, samples: list[Sample]) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} summary"]
+        series = sorted((self._key(s.labels), s.name, s.value) for s in samples
+                        if s.name in (self.name + "_sum", self.name + "_count"))
+        lines += [f"{name}{_labels(self.labelnames, k)} {_number(v)}" for k, name, v in series]
+        return lines
+
+
+@dataclass
+class Stage:
+    """How many requests went through a stage, and their total time in it."""
+    count: int = 0
+    us: float = 0.0
+
+
+@dataclass
+class VersionStatistics:
+    """One model version's totals since the server started, across workers: Triton's ModelStatistics."""
+    success: Stage = field(default_factory=Stage)
+    fail: Stage = field(default_factory=Stage)
+    queue: Stage = field(default_factory=Stage)
+    compute: Stage = field(default_factory=Stage)
+    inference_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, Stage] = field(default_factory=dict)  # by executed (padded) batch size
+
+
 class Metrics:
     """Every metric a worker exports; protocols and the batcher update them, `/monitoring/...` renders them.
 
@@ -288,10 +330,81 @@ class Metrics:
                                      zero_is_absent=True)
         self.warmup_requests = Counter(":petal:serving:warmup_requests", "Warmup records replayed.",
                                        ("model_name", "version"), registry)
+        # Per model version, for Triton's statistics extension (`version_statistics` reads them back).
+        version = ("model_name", "version")
+        self.version_requests = Summary(":petal:serving:version_request_duration_us", "Wall time (in microseconds) "
+                                        "of the requests a model version served, by outcome (success, fail).",
+                                        version + ("outcome",), registry)
+        self.version_queue = Summary(":petal:serving:version_queue_duration_us", "Wall time (in microseconds) a "
+                                     "model version's requests waited in its batch queue.", version, registry)
+        self.version_compute = Summary(":petal:serving:version_compute_duration_us", "Wall time (in microseconds) "
+                                       "of the model execution each request of a model version was part of.",
+                                       version, registry)
+        self.version_executions = Summary(":petal:serving:version_execution_duration_us", "Wall time (in "
+                                          "microseconds) of a model version's executions, by batch size (padding "
+                                          "included).", version + ("batch_size",), registry)
+        self.version_inferences = Counter(":petal:serving:version_inferences", "Inferences a model version "
+                                          "computed: batched rows (padding excluded), or 1 a request without "
+                                          "batching.", version, registry)
+        self.version_last_inference = Gauge(":petal:serving:version_last_inference_ms", "When a model version "
+                                            "last answered a request (milliseconds since the epoch).", version,
+                                            registry, multiprocess_mode="max")
         self._all: list[_Metric] = [
             self.request_count, self.request_latency, self.runtime_latency, self.queuing_latency,
             self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.memory_held,
-            self.load_latency, self.loaded_versions, self.warmup_requests]
+            self.load_latency, self.loaded_versions, self.warmup_requests, self.version_requests, self.version_queue,
+            self.version_compute, self.version_executions, self.version_inferences, self.version_last_inference]
+
+    def record_request(self, model: str, version: int, ok: bool, elapsed_us: float) -> None:
+        """A request that reached a model version ended (the core calls this for every protocol)."""
+        labels = {"model_name": model, "version": str(version)}
+        self.version_requests.observe(elapsed_us, outcome="success" if ok else "fail", **labels)
+        self.version_last_inference.set(int(time.time() * 1000), **labels)
+
+    def record_execution(self, model: str, version: int, queued_us: list[float], rows: int, batch_size: int,
+                         elapsed_us: float) -> None:
+        """One model execution serving requests that waited `queued_us` each (the batcher calls this)."""
+        labels = {"model_name": model, "version": str(version)}
+        for wait in queued_us:
+            self.version_queue.observe(wait, **labels)
+            self.version_compute.observe(elapsed_us, **labels)
+        self.version_inferences.inc(rows, **labels)
+        self.version_executions.observe(elapsed_us, batch_size=str(batch_size), **labels)
+
+    def version_statistics(self) -> dict[tuple[str, int], VersionStatistics]:
+        """Every model version's totals so far, summed over all workers in multiprocess mode."""
+        def stage(pick: Any) -> Any:
+            def add(entry: VersionStatistics, sample: Sample) -> None:
+                target = pick(entry, sample.labels)
+                if sample.name.endswith("_count"):
+                    target.count += int(sample.value)
+                elif sample.name.endswith("_sum"):
+                    target.us += sample.value
+            return add
+
+        def inferences(entry: VersionStatistics, sample: Sample) -> None:
+            if sample.name.endswith("_total"):
+                entry.inference_count += int(sample.value)
+
+        def last_inference(entry: VersionStatistics, sample: Sample) -> None:
+            entry.last_inference_ms = max(entry.last_inference_ms, int(sample.value))
+
+        readers = {
+            self.version_requests.name: stage(lambda e, labels: e.success if labels["outcome"] == "success"
+                                              else e.fail),
+            self.version_queue.name: stage(lambda e, labels: e.queue),
+            self.version_compute.name: stage(lambda e, labels: e.compute),
+            self.version_executions.name: stage(lambda e, labels: e.batches.setdefault(int(labels["batch_size"]),
+                                                                                       Stage())),
+            self.version_inferences.name: inferences,
+            self.version_last_inference.name: last_inference}
+        stats: dict[tuple[str, int], VersionStatistics] = {}
+        for family in self._families():
+            read = readers.get(family.name)
+            for sample in family.samples if read else ():
+                key = (sample.labels["model_name"], int(sample.labels["version"]))
+                read(stats.setdefault(key, VersionStatistics()), sample)
+        return stats
 
     def _families(self) -> Iterable[Any]:
         if self._directory:

@@ -532,7 +532,8 @@ def test_classify_image_errors(client, path, kwargs, status, message):
 
 def test_v2_server_metadata(client):
     assert ok_json(client.get("/v2")) == {"name": "petal", "version": "1",
-                                          "extensions": ["binary_tensor_data", "classification"]}
+                                          "extensions": ["binary_tensor_data", "classification",
+                                                         "model_configuration", "statistics"]}
 
 
 @pytest.mark.parametrize("path, status", [
@@ -561,7 +562,7 @@ def test_v2_model_metadata(client, path):
     body = ok_json(client.get(path))
     assert {k: body[k] for k in ("name", "versions", "platform", "inputs")} == {
         "name": "flowers", "versions": ["1"], "platform": "tensorflow_savedmodel",
-        "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1]}]}
+        "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}]}  # as Triton derives it
     assert sorted(body["outputs"], key=lambda o: o["name"]) == [
         {"name": "class", "datatype": "BYTES", "shape": [-1]}, {"name": "classid", "datatype": "INT64", "shape": [-1]},
         {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(LABELS)]}]

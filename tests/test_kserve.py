@@ -80,7 +80,8 @@ def test_model_ready_of_an_unknown_model_or_version_is_a_json_error(tiny_server,
 def test_metadata(triton, tiny_server):
     metadata = triton.get_model_metadata("flowers")
     assert metadata["name"] == "flowers" and metadata["versions"] == ["1"]
-    assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1]}]
+    # [-1, 1]: one image per row, as Triton derives it from the model configuration (dims [1] reshaped to [])
+    assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}]
     outputs = {o["name"]: o for o in metadata["outputs"]}
     assert outputs["probabilities"] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]}
     assert outputs["classid"]["datatype"] == "INT64" and outputs["class"]["datatype"] == "BYTES"

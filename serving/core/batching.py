@@ -28,21 +28,26 @@ RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str, budget: MemoryBudget, pixels: int) -> dict[str, np.ndarray]:
+               model_name: str, api: str, budget: MemoryBudget, pixels: int, version: int = 0) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
-    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is."""
+    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is. The
+    statistics count it as one inference of batch size 1, as Triton counts a request to a model it does not batch."""
     if deadline is not None and time.monotonic() >= deadline:
         raise deadline_exceeded("Deadline exceeded before the request ran")
-    outputs = threads.run_off_loop(_run, fn, inputs, metrics, model_name, (api,), budget, pixels, deadline)
+    outputs = threads.run_off_loop(_run, fn, inputs, metrics, model_name, (api,), budget, pixels, deadline,
+                                   (version, [0.0], 1, 1))
     if deadline is not None and time.monotonic() > deadline:
         raise deadline_exceeded("Deadline exceeded while the request was running")
     return outputs
 
 
 def _run(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str, apis: Iterable[str],
-         budget: MemoryBudget, pixels: int, deadline: float | None = None) -> dict[str, np.ndarray]:
+         budget: MemoryBudget, pixels: int, deadline: float | None,
+         execution: tuple[int, list[float], int, int]) -> dict[str, np.ndarray]:
     """One TF call within the pixel budget, its runtime recorded once for each API among the requests it serves:
-    predict and classify share a batch queue, so the label comes from the requests in the batch, not the queue."""
+    predict and classify share a batch queue, so the label comes from the requests in the batch, not the queue.
+    `execution` is (version, each request's queue wait in microseconds, rows, padded rows), for the per-version
+    statistics."""
     if not budget.acquire(pixels, deadline):
         raise deadline_exceeded("Deadline exceeded while waiting for the decoded-pixel budget "
                                 "(--max_inflight_pixels)")
@@ -54,10 +59,12 @@ def _run(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name:
         elapsed_us = (time.monotonic() - started) * 1e6
         for api in sorted(set(apis)):
             metrics.runtime_latency.observe(elapsed_us, model_name=model_name, API=api, runtime="TF")
+        version, queued_us, rows, batch_size = execution
+        metrics.record_execution(model_name, version, queued_us, rows, batch_size, elapsed_us)
 
 
 class _Task:
-    __slots__ = ("inputs", "size", "api", "pixels", "enqueued", "done", "outputs", "error", "queue")
+    __slots__ = ("inputs", "size", "api", "pixels", "enqueued", "queued_us", "done", "outputs", "error", "queue")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str, pixels: int):
         self.inputs = inputs
@@ -65,6 +72,7 @@ class _Task:
         self.api = api
         self.pixels = pixels
         self.enqueued = time.monotonic()
+        self.queued_us = 0.0
         self.done = threads.new_waker()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: ServingError | None = None
@@ -72,10 +80,11 @@ class _Task:
 
 
 class _Queue:
-    __slots__ = ("model_name", "run", "tasks", "rows")
+    __slots__ = ("model_name", "version", "run", "tasks", "rows")
 
-    def __init__(self, model_name: str, run: RunFn):
+    def __init__(self, model_name: str, version: int, run: RunFn):
         self.model_name = model_name
+        self.version = version
         self.run = run
         self.tasks: collections.deque[_Task] = collections.deque()
         self.rows = 0
@@ -114,7 +123,7 @@ class Batcher:
 
     def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
             deadline: float | None = None, api: str = "predict",
-            row_pixels: np.ndarray | None = None) -> dict[str, np.ndarray]:
+            row_pixels: np.ndarray | None = None, version: int = 0) -> dict[str, np.ndarray]:
         """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`.
 
         `row_pixels` are the decoded pixels of each row: a request is split into chunks that each fit both
@@ -123,13 +132,13 @@ class Batcher:
         row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
         if not self.enabled:
             return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
-                              int(row_pixels.sum()))
+                              int(row_pixels.sum()), version)  # one inference: the model does not batch
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
         bounds = self._chunk_bounds(row_pixels)
         chunks = [_Task(inputs if (start, stop) == (0, size) else {k: v[start:stop] for k, v in inputs.items()},
                         stop - start, api, int(row_pixels[start:stop].sum())) for start, stop in bounds]
-        self._enqueue(key, model_name, fn, chunks)
+        self._enqueue(key, model_name, version, fn, chunks)
         try:
             for task in chunks:
                 self._wait(task, deadline)
@@ -166,7 +175,7 @@ class Batcher:
                         if isinstance(k, tuple) and k[:2] == (model, version) and not q.tasks]:
                 del self._queues[key]
 
-    def _enqueue(self, key: Hashable, model_name: str, fn: RunFn, tasks: list[_Task]) -> None:
+    def _enqueue(self, key: Hashable, model_name: str, version: int, fn: RunFn, tasks: list[_Task]) -> None:
         rows = sum(t.size for t in tasks)
         capacity = self.options.max_enqueued_batches * self.options.max_batch_size
         with self._cond:
@@ -174,7 +183,7 @@ class Batcher:
                 raise unavailable("The server is shutting down")
             queue = self._queues.get(key)
             if queue is None:
-                queue = self._queues[key] = _Queue(model_name, fn)
+                queue = self._queues[key] = _Queue(model_name, version, fn)
             if queue.rows + rows > max(capacity, rows if not queue.tasks else 0):
                 self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
                 raise unavailable("The batch scheduling queue to which this task was submitted "
@@ -244,7 +253,8 @@ class Batcher:
             pixels += task.pixels
             queue.rows -= task.size
             self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
-            self._metrics.queuing_latency.observe((now - task.enqueued) * 1e6, model_name=queue.model_name)
+            task.queued_us = (now - task.enqueued) * 1e6
+            self._metrics.queuing_latency.observe(task.queued_us, model_name=queue.model_name)
             tasks.append(task)
             rows += task.size
         return tasks
@@ -286,7 +296,7 @@ class Batcher:
         self._metrics.padding_size.observe(padded - rows, model_name=queue.model_name,
                                            execution_batch_size=str(padded))
         outputs = _run(queue.run, inputs, self._metrics, queue.model_name, [t.api for t in tasks], self.budget,
-                       sum(t.pixels for t in tasks))
+                       sum(t.pixels for t in tasks), None, (queue.version, [t.queued_us for t in tasks], rows, padded))
         for name, value in outputs.items():
             if value.ndim == 0 or value.shape[0] != padded:
                 raise ServingError(Code.INTERNAL, f"Output {name} has shape {list(value.shape)}, which is not "

@@ -25,7 +25,7 @@ from serving.core import examples, images
 from serving.core.batching import Batcher, run_inline
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
-from serving.metrics import Metrics
+from serving.metrics import Metrics, VersionStatistics
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
@@ -144,7 +144,9 @@ class Core:
         unnamed instances): it runs under the same hold on the servable as the inference, so a hot reload in
         between cannot unload the version the inputs were resolved against.
         """
-        with self._observed(model, api, entrypoint), self.repository.serving(model, version, label) as servable:
+        with self._observed(model, api, entrypoint) as served, \
+                self.repository.serving(model, version, label) as servable:
+            served.append(servable.version)
             if entrypoint == "GRPC" and (signature_name or DEFAULT_SIGNATURE) not in servable.signatures:
                 raise ServingError(Code.FAILED_PRECONDITION,  # TF Serving's gRPC text; REST's is the servable's
                                    f'Serving signature key "{signature_name or DEFAULT_SIGNATURE}" not found.')
@@ -165,7 +167,9 @@ class Core:
         A classify task on an image signature (input `image_bytes`, output `probabilities`) reads each example's
         image instead and answers every class, best first, as `classify_images` does.
         """
-        with self._observed(model, api, entrypoint), self.repository.serving(model, version, label) as servable:
+        with self._observed(model, api, entrypoint) as served, \
+                self.repository.serving(model, version, label) as servable:
+            served.append(servable.version)
             examples.check_tasks(tasks)
             infos = {}
             for task in tasks:
@@ -205,19 +209,23 @@ class Core:
         return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.labels, top_k)
 
     @contextlib.contextmanager
-    def _observed(self, model: str, api: str, entrypoint: str) -> Iterator[None]:
-        """TF Serving's request count and latency for one request, whatever its API."""
+    def _observed(self, model: str, api: str, entrypoint: str) -> Iterator[list[int]]:
+        """TF Serving's request count and latency for one request, whatever its API, and Triton's per-version
+        statistics for the version that took it (the caller appends it to the list this yields)."""
         started = time.monotonic()
         status = "OK"
+        served: list[int] = []
         try:
-            yield
+            yield served
         except ServingError as error:
             status = error.code.name
             raise
         finally:
+            elapsed_us = (time.monotonic() - started) * 1e6
             self.metrics.request_count.inc(model_name=model, status=status)
-            self.metrics.request_latency.observe((time.monotonic() - started) * 1e6, model_name=model, API=api,
-                                                 entrypoint=entrypoint)
+            self.metrics.request_latency.observe(elapsed_us, model_name=model, API=api, entrypoint=entrypoint)
+            if served:
+                self.metrics.record_request(model, served[0], status == "OK", elapsed_us)
 
     def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: dict,
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
@@ -227,9 +235,9 @@ class Core:
         if batched:
             size = next(iter(arrays.values())).shape[0]
             return self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                    deadline, api, pixels)
+                                    deadline, api, pixels, servable.version)
         return run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
-                          int(pixels[0]))
+                          int(pixels[0]), servable.version)
 
     def _validate(self, info: SignatureInfo, inputs: dict,
                   static_shapes: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
@@ -288,6 +296,25 @@ class Core:
     def available_versions(self, model: str) -> list[int]:
         """The versions of a model that serve requests now, newest first."""
         return [s.version for s in self.repository.status(model) if s.state == "AVAILABLE"]
+
+    def statistics(self, model: str | None = None,
+                   version: int | None = None) -> list[tuple[str, int, VersionStatistics]]:
+        """Triton's statistics: each AVAILABLE version of `model` (of every model when None, skipping models with
+        none yet), or the one version asked for (NOT_FOUND unless it is AVAILABLE), with its totals so far."""
+        if model is None:
+            keys = [(name, v) for name in self.model_names() for v in self._available_or_none(name)]
+        elif version is None:
+            keys = [(model, v) for v in self.available_versions(model)]
+        else:
+            keys = [(model, self.signatures(model, version)[0])]
+        totals = self.metrics.version_statistics()
+        return [(name, v, totals.get((name, v)) or VersionStatistics()) for name, v in keys]
+
+    def _available_or_none(self, model: str) -> list[int]:
+        try:
+            return self.available_versions(model)
+        except ServingError:  # configured, but no version on disk yet
+            return []
 
     def wait_loaded(self) -> None:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""

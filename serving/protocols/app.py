@@ -15,7 +15,7 @@ from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
 from serving.core import Code, Core, ServingError
-from serving.protocols import access_log, admission, auth, kserve, openapi, rest, web
+from serving.protocols import access_log, admission, auth, kserve, openapi, rest, v2, web
 from serving.protocols.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ def create_app(core: Core) -> flask.Flask:
 
     app.register_blueprint(rest.create_blueprint(core))
     app.register_blueprint(kserve.create_blueprint(core))
+    app.register_blueprint(v2.create_blueprint(core))
     app.register_blueprint(openapi.create_blueprint(core.options.metrics_path))
     if not core.options.disable_web_ui:
         app.register_blueprint(web.create_blueprint())

@@ -39,6 +39,8 @@ HEALTH_WATCH_PERIOD_S = 0.2
 # Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
 GRPC_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
 OPEN_SERVICE = "/grpc.health.v1.Health/"  # probes need no token
+OPEN_METHODS = frozenset({"/inference.GRPCInferenceService/ServerLive",  # nor do V2's, as over REST
+                          "/inference.GRPCInferenceService/ServerReady"})
 CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfigRequest"})  # need admin
 
 
@@ -255,7 +257,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 class Gate(grpc.ServerInterceptor):
     """Every call but a health check passes auth first (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log,
-    every call leaves a line. Only unary calls are gated: TF Serving's services have no others."""
+    every call leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
+    (ModelStreamInfer) answers UNIMPLEMENTED."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool) -> None:
         self.authenticator = authenticator
@@ -263,7 +266,8 @@ class Gate(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE):
+        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE) \
+                or details.method in OPEN_METHODS:
             return handler
         metadata = dict(details.invocation_metadata or ())
         needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
@@ -293,9 +297,11 @@ class Gate(grpc.ServerInterceptor):
             finally:
                 spec = getattr(request, "model_spec", None)
                 version = spec.version.value if spec is not None and spec.HasField("version") else None
+                model = spec.name if spec is not None else getattr(request, "model_name", None)  # V2 names it so
+                version = version or (spec.version_label if spec is not None
+                                      else getattr(request, "model_version", None))
                 access_log.write(request_id=request_id, protocol="grpc", method="POST", path=method,
-                                 model=spec.name if spec is not None else None,
-                                 version=version or (spec.version_label if spec is not None else None) or None,
+                                 model=model or None, version=version or None,
                                  status=(context.code() or grpc.StatusCode.OK).name, bytes_in=request.ByteSize(),
                                  bytes_out=response.ByteSize() if response is not None else 0,
                                  remote=context.peer(), latency_ms=round(1000 * (time.perf_counter() - started), 3))
@@ -332,6 +338,8 @@ def start(core: Core) -> grpc.Server | None:
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
+    from serving.protocols import kserve_grpc  # imported here: it builds on this module's rpc and deadline_of
+    kserve_grpc.add_to_server(core, server)
     for address in addresses:
         try:
             bound = (server.add_secure_port(address, server_credentials(o.tls)) if o.tls else

@@ -15,20 +15,14 @@ from typing import Any
 import flask
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Code, Core, ServingError, invalid, not_found
+from serving.core import Code, Core, ServingError, invalid, not_found
+from serving.protocols import v2
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
                                         parse_version, request_body, string_field)
 from serving.protocols.tensor_proto import element_count
+from serving.protocols.v2 import NUMPY_TYPES
 
-PLATFORM = "tensorflow_savedmodel"
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-# TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
-DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
-             "DT_UINT64": "UINT64", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
-             "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
-             "DT_STRING": "BYTES"}
-NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
 
 
 # ---- request decoding -------------------------------------------------------------------------------------
@@ -192,7 +186,7 @@ def create_blueprint(core: Core) -> flask.Blueprint:
 
     @bp.get("/v2")
     def server_metadata() -> Any:
-        return {"name": "petal", "version": "1", "extensions": ["binary_tensor_data", "classification"]}
+        return {"name": "petal", "version": "1", "extensions": v2.EXTENSIONS}
 
     @bp.get("/v2/health/live")
     def live() -> flask.Response:
@@ -217,16 +211,7 @@ def create_blueprint(core: Core) -> flask.Blueprint:
     @bp.get("/v2/models/<model>")
     @bp.get("/v2/models/<model>/versions/<version>")
     def metadata(model: str, version: str | None = None) -> Any:
-        resolved, signatures = core.signatures(model, parse_version(version))
-        signature = signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
-
-        def tensors(infos: dict[str, Any]) -> list[dict[str, Any]]:
-            return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype),
-                     "shape": [-1] if t.shape is None else list(t.shape)} for name, t in infos.items()]
-
-        versions = [str(v) for v in core.available_versions(model)]
-        return {"name": model, "versions": versions if version is None else [str(resolved)],
-                "platform": PLATFORM, "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs)}
+        return v2.model_metadata(core, model, parse_version(version))
 
     @bp.post("/v2/models/<model>/infer")
     @bp.post("/v2/models/<model>/versions/<version>/infer")
@@ -246,7 +231,7 @@ def create_blueprint(core: Core) -> flask.Blueprint:
                                                       for o in requested):
             raise invalid("'outputs' must be a list of objects with a 'name'")
         output_parameters = {o["name"]: object_field(o, "parameters", f"Output {o['name']!r}: ") for o in requested}
-        result = core.predict(model=model, inputs=inputs, version=parse_version(version),
+        result = core.predict(model=model, inputs=v2.with_triton_dims(inputs), version=parse_version(version),
                               signature_name=string_field(parameters, "signature_name"),
                               output_filter=[o["name"] for o in requested] or None, deadline=deadline,
                               entrypoint="REST")
