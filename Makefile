@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# Triton's perf_analyzer binary (a second load generator) into $(VENV)/perf_analyzer: tests download nothing.
+	$(PY) -c "import sys; sys.path.insert(0, 'benchmarks'); import perf_analyzer; perf_analyzer.fetch()"
 	touch $(STAMP)
 
 install: $(STAMP)

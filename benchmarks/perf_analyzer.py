@@ -6,8 +6,9 @@ extension to split the server's time into queue and compute, as it does for Trit
 
 perf_analyzer is a C++ binary shipped in the tritonclient 2.41.0 wheel. It is not pip-installed, since that
 wheel's Python package would replace the newer tritonclient the server depends on: `fetch` pip-downloads the
-wheel and nvidia-cuda-runtime-cu12 (its libcudart.so.12, which perf_analyzer links even without a GPU) into
-~/.cache/petal/perf_analyzer and unpacks the binary and the library there. It also needs Debian's libb64-0d
+wheel and nvidia-cuda-runtime-cu12 (its libcudart.so.12, which perf_analyzer links even without a GPU) and
+unpacks the binary and the library into the virtual environment's `perf_analyzer/` folder. `make install` does
+this, so neither the benchmark nor the tests download anything when they run. It also needs Debian's libb64-0d
 (`apt-get install libb64-0d`; .ci/run installs it). --perf_analyzer takes a binary of your own instead.
 
 Two models: the image model, one JPEG per request (perf_analyzer's --input-data "b64" holds a BYTES tensor as
@@ -38,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 WHEELS = ("tritonclient==2.41.0", "nvidia-cuda-runtime-cu12==12.*")
-CACHE = os.path.join(os.path.expanduser("~"), ".cache", "petal", "perf_analyzer")
+CACHE = os.path.join(sys.prefix, "perf_analyzer")  # inside the virtual environment, made by `make install`
 IMAGE_MODEL, FLOAT_MODEL = "flowers", "half"
 KINDS = ("v2-http", "v2-grpc", "tfserving")
 # perf_analyzer's CSV columns (microseconds) and the names this report gives them.
@@ -89,11 +90,11 @@ def unpack(archive: zipfile.ZipFile, name: str, dest: str) -> None:
 
 
 def find(binary: str | None = None) -> Tool:
-    """--perf_analyzer's binary, else one on PATH, else the fetched one."""
-    binary = binary or shutil.which("perf_analyzer")
-    if binary:
-        return Tool(binary, os.path.join(CACHE, "lib"))
-    return fetch()
+    """--perf_analyzer's binary, else one on PATH, else the one `make install` fetched."""
+    binary = binary or shutil.which("perf_analyzer") or os.path.join(CACHE, "bin", "perf_analyzer")
+    if not os.path.exists(binary):
+        raise FileNotFoundError(f"no perf_analyzer at {binary}: run `make install` (or pass --perf_analyzer)")
+    return Tool(binary, os.path.join(CACHE, "lib"))
 
 
 def image_data(photos: list[bytes], folder: str) -> str:

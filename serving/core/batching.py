@@ -28,7 +28,8 @@ RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str, budget: MemoryBudget, pixels: int, version: int = 0) -> dict[str, np.ndarray]:
+               model_name: str, api: str, budget: MemoryBudget, pixels: int,
+               version: int = 0) -> dict[str, np.ndarray]:
     """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
     past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is. The
     statistics count it as one inference of batch size 1, as Triton counts a request to a model it does not batch."""
