@@ -60,6 +60,17 @@ def decode_length_prefixed(raw: bytes, name: str, count: int) -> list[bytes]:
     return items
 
 
+def decode_raw(raw: bytes, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
+    """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
+    array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
+    if datatype == "BYTES":
+        return np.array(decode_length_prefixed(raw, name, count), dtype=object)
+    dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
+    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype])
+
+
 def flatten(data: Any) -> list[Any]:
     if isinstance(data, list):
         return [x for item in data for x in flatten(item)]
@@ -80,13 +91,7 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
         if not is_json_int(size) or size < 0 or offset + size > len(tail):
             raise invalid(f"Input {name!r}: binary_data_size {size!r} exceeds the binary data sent")
         raw, offset = tail[offset:offset + size], offset + size
-        if datatype == "BYTES":
-            values: Any = np.array(decode_length_prefixed(raw, name, count), dtype=object)
-        else:
-            dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
-            if len(raw) != count * dtype.itemsize:
-                raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
-            values = np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype])
+        values: Any = decode_raw(raw, name, datatype, shape, count)
     elif "data" in spec:
         flat = flatten(spec["data"])
         if datatype == "BYTES":

@@ -11,7 +11,6 @@ limit as TF Serving's gRPC API. Tensors come as `raw_input_contents` (as tritonc
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import grpc
@@ -23,7 +22,8 @@ from serving.core import Core, invalid, not_found
 from serving.protocols import v2
 from serving.protocols.grpc_api import deadline_of, rpc
 from serving.protocols.httputil import parse_version
-from serving.protocols.kserve import binary_data, classification, datatype_of, decode_length_prefixed
+from serving.protocols.kserve import binary_data, classification, datatype_of, decode_raw
+from serving.protocols.tensor_proto import element_count
 
 SERVICE = "/inference.GRPCInferenceService/"
 # The typed InferTensorContents field of each datatype; FP16 has none, it travels raw only.
@@ -42,21 +42,13 @@ def decode_tensor(tensor: Any, raw: bytes | None) -> np.ndarray:
     """One input tensor as numpy, from its raw bytes when the request sent raw_input_contents. Every size a
     client states (the shape, each BYTES length) is checked against the bytes that came before it is trusted."""
     name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
-    if any(d < 0 for d in shape):
-        raise invalid(f"Input {name!r}: shape {shape} has a negative dimension")
     if datatype not in CONTENTS and datatype not in v2.NUMPY_TYPES:
         raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
-    count = math.prod(shape)  # exact: numpy's int64 product wraps for huge shapes
+    count = element_count(name, shape, np.dtype(v2.NUMPY_TYPES.get(datatype, object)).itemsize)
     if raw is not None:
         if tensor.HasField("contents"):
             raise invalid(f"Input {name!r} has both contents and raw_input_contents")
-        if datatype == "BYTES":
-            values = np.array(decode_length_prefixed(raw, name), dtype=object)
-        else:
-            dtype = np.dtype(v2.NUMPY_TYPES[datatype]).newbyteorder("<")
-            if len(raw) != count * dtype.itemsize:
-                raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
-            values = np.frombuffer(raw, dtype=dtype).astype(v2.NUMPY_TYPES[datatype])
+        values = decode_raw(raw, name, datatype, shape, count)
     else:
         if datatype not in CONTENTS:
             raise invalid(f"Input {name!r}: {datatype} travels in raw_input_contents only")
