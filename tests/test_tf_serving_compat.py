@@ -556,6 +556,22 @@ def test_an_unknown_signature_is_refused_as_each_api_of_tf_serving_refuses_it(cl
         assert (status, message) == ("FAILED_PRECONDITION", 'Serving signature key "nope" not found.')
 
 
+@pytest.mark.parametrize("spec, inputs, message", [
+    (Spec("half_plus_two"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+    (Spec("tf2_module"), {"x": np.array([1], np.int32)}, "Expects arg[0] to be float but int32 is provided"),
+    (Spec("keras_export"), {"features": np.ones((1, 3))}, "Expects arg[0] to be float but double is provided"),
+    (Spec("half_plus_two_tflite"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+    (Spec("tf2_module", signature="multi"), {"ids": np.array([[1, 2]], np.int64), "text": np.array([1])},
+     "Expects arg[1] to be string but int64 is provided"),
+], ids=["tf1 double", "tf2 int32", "keras double", "tflite double", "tf2 second input"])
+def test_grpc_tensors_of_another_dtype_are_refused_as_tf_servings_session_refuses_them(grpc_client, spec, inputs,
+                                                                                       message):
+    """A TensorProto says its dtype, and TF Serving feeds it to the Session as it is, whose check refuses it (its
+    best-known error: numpy's default float64 sent for a float input). REST's JSON numbers have no dtype and are
+    converted."""
+    assert refused(grpc_client, grpc_client.predict, spec, inputs, ["y"]) == ("INVALID_ARGUMENT", message)
+
+
 # --- batching across transports ---------------------------------------------------------------------------------
 
 def test_concurrent_calls_over_every_transport_each_get_their_own_rows(clients):

@@ -61,6 +61,31 @@ def to_ndarray(proto: Any) -> np.ndarray:
         raise invalid(f"Malformed TensorProto: {exc}") from exc
 
 
+def typed_inputs(protos: Any) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
+    """Predict's tensors for a signature. A TensorProto carries its dtype, and one that is not the signature's is
+    refused with the text of the Session that TF Serving feeds it to (a float64 numpy array sent for a float
+    input, say), never cast as a JSON number is: position i counts the signature's inputs in name order, as
+    serving/core/loaders.py feeds them."""
+    def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
+        for i, name in enumerate(sorted(info.inputs)):
+            have = _dtype_name(protos[name].dtype) if name in protos else info.inputs[name].dtype
+            if have != info.inputs[name].dtype:
+                raise invalid(f"Expects arg[{i}] to be {_dtype_string(info.inputs[name].dtype)} but "
+                              f"{_dtype_string(have)} is provided")
+        return {name: to_ndarray(proto) for name, proto in protos.items()}
+    return inputs
+
+
+def _dtype_name(number: int) -> str:
+    """A TensorProto's dtype by name; a number that names none (proto3 enums are open) stays a number."""
+    return types_pb2.DataType.Name(number) if number in types_pb2.DataType.values() else str(number)
+
+
+def _dtype_string(name: str) -> str:
+    """TensorFlow's DataTypeString: DT_FLOAT is "float", DT_INT64 "int64"."""
+    return name.removeprefix("DT_").lower()
+
+
 def to_tensor_proto(array: np.ndarray) -> Any:
     return tf.make_tensor_proto(array)
 
@@ -132,8 +157,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        inputs = {name: to_ndarray(proto) for name, proto in request.inputs.items()}
-        result = self.core.predict(inputs=inputs, signature_name=request.model_spec.signature_name,
+        result = self.core.predict(inputs=typed_inputs(request.inputs),
+                                   signature_name=request.model_spec.signature_name,
                                    output_filter=list(request.output_filter) or None,
                                    deadline=deadline_of(context), entrypoint="GRPC",
                                    **model_spec_fields(request.model_spec))
