@@ -372,6 +372,30 @@ def test_metadata_of_the_other_formats_is_the_same_on_every_transport(clients, m
     assert {s["method_name"] for s in found.values()} == {"tensorflow/serving/predict"}
 
 
+def metadata_request(*fields: str) -> get_model_metadata_pb2.GetModelMetadataRequest:
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=fields)
+    Spec("tf2_module", signature="regress").proto(request.model_spec)
+    return request
+
+
+@pytest.mark.parametrize("fields, message", [
+    ((), "GetModelMetadataRequest must specify at least one metadata_field"),
+    (("signature_def", "nope"), "Metadata field nope is not supported"),
+], ids=["none", "unknown"])
+def test_grpc_metadata_fields_are_checked_as_get_model_metadata_impl_checks_them(grpc_client, fields, message):
+    assert refused(grpc_client, grpc_client.call, grpc_client.prediction.GetModelMetadata,
+                   metadata_request(*fields)) == ("INVALID_ARGUMENT", message)
+
+
+def test_grpc_metadata_names_the_model_and_version_but_no_signature(grpc_client):
+    """get_model_metadata_impl.cc sets the answer's name and version only, whatever signature the request named;
+    a field named twice is answered once."""
+    response = grpc_client.call(grpc_client.prediction.GetModelMetadata,
+                                metadata_request("signature_def", "signature_def"))
+    assert proto_json(response.model_spec) == {"name": "tf2_module", "signature_name": "", "version": "1"}
+    assert list(response.metadata) == ["signature_def"]
+
+
 # --- predict ----------------------------------------------------------------------------------------------------
 
 F32 = np.float32

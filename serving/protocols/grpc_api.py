@@ -205,15 +205,18 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     @rpc
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
                          context: grpc.ServicerContext) -> Any:
-        fields = list(request.metadata_field)
-        if fields != ["signature_def"]:
-            raise invalid(f"Metadata field(s) {fields or '[]'} not supported; only 'signature_def' is")
+        """TF Serving's checks and texts; its answer names the model and version, never the signature."""
+        if not request.metadata_field:
+            raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise invalid(f"Metadata field {field} is not supported")
         spec = model_spec_fields(request.model_spec)
         version, signatures = self.core.signatures(spec["model"], spec["version"], spec["label"])
         sig_map = get_model_metadata_pb2.SignatureDefMap(
             signature_def={name: signature_def(info) for name, info in signatures.items()})
         response = get_model_metadata_pb2.GetModelMetadataResponse(
-            model_spec=resolved_spec(spec["model"], version, request.model_spec.signature_name))
+            model_spec=resolved_spec(spec["model"], version, ""))
         response.metadata["signature_def"].Pack(sig_map)
         return response
 
