@@ -580,6 +580,16 @@ def test_an_unknown_signature_is_refused_as_each_api_of_tf_serving_refuses_it(cl
         assert (status, message) == ("FAILED_PRECONDITION", 'Serving signature key "nope" not found.')
 
 
+@pytest.mark.parametrize("method", ["Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata"])
+def test_grpc_a_request_without_a_model_name_is_refused_as_server_core_refuses_it(grpc_client, method):
+    request = {"Predict": predict_pb2.PredictRequest(), "Classify": classification_pb2.ClassificationRequest(),
+               "Regress": regression_pb2.RegressionRequest(), "MultiInference": inference_pb2.MultiInferenceRequest(),
+               "GetModelMetadata": get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])}[
+        method]
+    assert refused(grpc_client, grpc_client.call, getattr(grpc_client.prediction, method), request) == (
+        "INVALID_ARGUMENT", "ModelSpec has no name specified.")
+
+
 @pytest.mark.parametrize("spec, inputs, message", [
     (Spec("half_plus_two"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
     (Spec("tf2_module"), {"x": np.array([1], np.int32)}, "Expects arg[0] to be float but int32 is provided"),

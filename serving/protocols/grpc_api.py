@@ -93,7 +93,7 @@ def to_tensor_proto(array: np.ndarray) -> Any:
 def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
     """The version/label selection of a ModelSpec as Core keyword arguments."""
     if not spec.name:
-        raise invalid("Missing ModelSpec.name")
+        raise invalid("ModelSpec has no name specified.")  # server_core.cc ServableRequestFromModelSpec
     return {"model": spec.name,
             "version": spec.version.value if spec.HasField("version") else None,
             "label": spec.version_label or None}
