@@ -102,7 +102,7 @@ def channels(server):
 
 @dataclass(frozen=True)
 class Spec:
-    """Which model, version (or label) and signature a call names; both neither means the latest version."""
+    """Which model, version (or label) and signature a call names; with neither version nor label, the latest."""
     model: str
     version: int | None = None
     label: str | None = None
@@ -113,7 +113,8 @@ class Spec:
             return f"{self.model}/versions/{self.version}"
         return f"{self.model}/labels/{self.label}" if self.label else self.model
 
-    def proto(self, spec) -> None:
+    def fill(self, spec) -> None:
+        """Set a request's ModelSpec to this."""
         spec.name = self.model
         spec.signature_name = self.signature
         if self.version is not None:
@@ -220,13 +221,13 @@ class GrpcClient:
 
     def status(self, spec: Spec) -> dict:
         request = get_model_status_pb2.GetModelStatusRequest()
-        spec.proto(request.model_spec)
+        spec.fill(request.model_spec)
         return proto_json(self.call(self.model.GetModelStatus, request))
 
     def metadata(self, spec: Spec) -> dict:
         """GetModelMetadataResponse as TF Serving's REST prints it, with the Any of signature_def unpacked."""
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-        spec.proto(request.model_spec)
+        spec.fill(request.model_spec)
         response = self.call(self.prediction.GetModelMetadata, request)
         signatures = get_model_metadata_pb2.SignatureDefMap()
         assert response.metadata["signature_def"].Unpack(signatures)
@@ -235,7 +236,7 @@ class GrpcClient:
 
     def predict_response(self, spec: Spec, inputs: dict[str, np.ndarray]) -> predict_pb2.PredictResponse:
         request = predict_pb2.PredictRequest()
-        spec.proto(request.model_spec)
+        spec.fill(request.model_spec)
         for name, value in inputs.items():
             request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
         return self.call(self.prediction.Predict, request)
@@ -246,12 +247,12 @@ class GrpcClient:
 
     def classify_response(self, spec: Spec, examples: list[dict]) -> classification_pb2.ClassificationResponse:
         request = classification_pb2.ClassificationRequest(input=example_input(examples))
-        spec.proto(request.model_spec)
+        spec.fill(request.model_spec)
         return self.call(self.prediction.Classify, request)
 
     def regress_response(self, spec: Spec, examples: list[dict]) -> regression_pb2.RegressionResponse:
         request = regression_pb2.RegressionRequest(input=example_input(examples))
-        spec.proto(request.model_spec)
+        spec.fill(request.model_spec)
         return self.call(self.prediction.Regress, request)
 
     def classify(self, spec: Spec, examples: list[dict]) -> list:
@@ -374,7 +375,7 @@ def test_metadata_of_the_other_formats_is_the_same_on_every_transport(clients, m
 
 def metadata_request(*fields: str) -> get_model_metadata_pb2.GetModelMetadataRequest:
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=fields)
-    Spec("tf2_module", signature="regress").proto(request.model_spec)
+    Spec("tf2_module", signature="regress").fill(request.model_spec)
     return request
 
 
@@ -525,7 +526,7 @@ def test_multi_inference_answers_as_classify_and_regress_do(clients, grpc_client
     request = inference_pb2.MultiInferenceRequest(input=example_input(examples))
     for method, signature in tasks:
         task = request.tasks.add(method_name=method)
-        Spec(spec.model, spec.version, spec.label, signature).proto(task.model_spec)
+        Spec(spec.model, spec.version, spec.label, signature).fill(task.model_spec)
     response = grpc_client.call(grpc_client.prediction.MultiInference, request)
     rest = clients["rest"]
     expected, got = [], []
