@@ -17,16 +17,19 @@ Expected values come from TF Serving's own documentation and tests (tensorflow/s
 - `g3doc/api_rest.md`: "Model status API" and "Make REST API calls to ModelServer" (the status body, half_plus_three
   predicting 3.5, 4.0, 5.5 for 1.0, 2.0, 5.0, regressing 3.5, 4.0 for 1.0, 2.0, and 404
   `{"error": "Servable not found for request: Latest(half)"}`), "Classify and Regress API" (the `results` bodies),
-  "Predict API" (row and columnar requests and answers), "Model Metadata API";
+  "Predict API" (row and columnar requests and answers), "Model Metadata API". Its "Response format" for
+  classify and regress says `result`, but its example and the code (util/json_tensor.cc kClassifyRegressResponseKey)
+  say `results`, which is what TF Serving sends;
 - `g3doc/docker.md`: half_plus_two predicts 2.5, 3.0, 4.5 for 1.0, 2.0, 5.0;
 - `model_servers/http_rest_api_handler_test.cc` and `servables/tensorflow/testdata/
   saved_model_half_plus_two_2_versions_metadata.json`: [[1, 2], [3, 4]] -> [[2.5, 3.0], [3.5, 4.0]], regress_x_to_y
   80 -> 42, classify_x_to_y 20 -> [["", 12]] and 10 -> [["", 7]], the status of a version and of a label, and the
   metadata JSON of the serving_default, classify_x_to_y and regress_x_to_y2 signatures;
-- the error texts of `core/manager.h` (ServableRequest::DebugString), `model_servers/server_core.cc` (labels),
-  `model_servers/get_model_status_impl.cc`, `servables/tensorflow/predict_util.cc` and
-  `model_servers/http_rest_api_handler.cc` (unknown signatures), with `model_servers/http_server.cc`'s
-  ToHTTPStatusCode for the HTTP status of each code.
+- the error texts of `core/manager.h` (ServableRequest::DebugString), `model_servers/server_core.cc` (labels, a
+  ModelSpec without a name), `model_servers/get_model_status_impl.cc`, `servables/tensorflow/
+  get_model_metadata_impl.cc`, `servables/tensorflow/predict_util.cc` and `model_servers/http_rest_api_handler.cc`
+  (unknown signatures), and TensorFlow's Session for a fed tensor of another dtype, with
+  `model_servers/http_server.cc`'s ToHTTPStatusCode for the HTTP status of each code.
 """
 from __future__ import annotations
 
@@ -300,6 +303,8 @@ def version_status(*versions: int) -> dict:
     (Spec("half_plus_two"), (124, 123)),  # newest first: ServableStateMonitor's VersionMap is std::greater
     (Spec("half_plus_two", version=123), (123,)),
     (Spec("half_plus_two", version=124), (124,)),
+    # api_rest.md: a label selects its version, as here. (TF Serving's GetModelStatusImpl reads only
+    # model_spec.version, so TF Serving itself answers every version for a label, known or not.)
     (Spec("half_plus_two", label="stable"), (123,)),
     (Spec("half_plus_two", label="canary"), (124,)),
     (Spec("tf2_module"), (1,)),
