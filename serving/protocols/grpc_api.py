@@ -56,6 +56,31 @@ def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
     return options
 
 
+def typed_inputs(protos: Any, arrays: dict[str, np.ndarray]) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
+    """Predict's decoded tensors (`arrays`) for a signature. A TensorProto carries its dtype, and one that is not
+    the signature's is refused with the text of the Session that TF Serving feeds it to (a float64 numpy array
+    sent for a float input, say), never cast as a JSON number is: position i counts the signature's inputs in name order, as
+    serving/core/loaders.py feeds them."""
+    def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
+        for i, name in enumerate(sorted(info.inputs)):
+            have = _dtype_name(protos[name].dtype) if name in protos else info.inputs[name].dtype
+            if have != info.inputs[name].dtype:
+                raise invalid(f"Expects arg[{i}] to be {_dtype_string(info.inputs[name].dtype)} but "
+                              f"{_dtype_string(have)} is provided")
+        return arrays
+    return inputs
+
+
+def _dtype_name(number: int) -> str:
+    """A TensorProto's dtype by name; a number that names none (proto3 enums are open) stays a number."""
+    return types_pb2.DataType.Name(number) if number in types_pb2.DataType.values() else str(number)
+
+
+def _dtype_string(name: str) -> str:
+    """TensorFlow's DataTypeString: DT_FLOAT is "float", DT_INT64 "int64"."""
+    return name.removeprefix("DT_").lower()
+
+
 def to_tensor_proto(array: np.ndarray) -> Any:
     return tf.make_tensor_proto(array)
 
@@ -63,7 +88,7 @@ def to_tensor_proto(array: np.ndarray) -> Any:
 def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
     """The version/label selection of a ModelSpec as Core keyword arguments."""
     if not spec.name:
-        raise invalid("Missing ModelSpec.name")
+        raise invalid("ModelSpec has no name specified.")  # server_core.cc ServableRequestFromModelSpec
     return {"model": spec.name,
             "version": spec.version.value if spec.HasField("version") else None,
             "label": spec.version_label or None}
@@ -131,8 +156,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        inputs = tensor_proto.decode_inputs(request.inputs, self.core.options.grpc_max_message_bytes)
-        result = self.core.predict(inputs=inputs, signature_name=request.model_spec.signature_name,
+        arrays = tensor_proto.decode_inputs(request.inputs, self.core.options.grpc_max_message_bytes)
+        result = self.core.predict(inputs=typed_inputs(request.inputs, arrays),
+                                   signature_name=request.model_spec.signature_name,
                                    output_filter=list(request.output_filter) or None,
                                    deadline=deadline_of(context), entrypoint="GRPC",
                                    **model_spec_fields(request.model_spec))
@@ -179,15 +205,18 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     @rpc
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
                          context: grpc.ServicerContext) -> Any:
-        fields = list(request.metadata_field)
-        if fields != ["signature_def"]:
-            raise invalid(f"Metadata field(s) {fields or '[]'} not supported; only 'signature_def' is")
+        """TF Serving's checks and texts; its answer names the model and version, never the signature."""
+        if not request.metadata_field:
+            raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise invalid(f"Metadata field {field} is not supported")
         spec = model_spec_fields(request.model_spec)
         version, signatures = self.core.signatures(spec["model"], spec["version"], spec["label"])
         sig_map = get_model_metadata_pb2.SignatureDefMap(
             signature_def={name: signature_def(info) for name, info in signatures.items()})
         response = get_model_metadata_pb2.GetModelMetadataResponse(
-            model_spec=resolved_spec(spec["model"], version, request.model_spec.signature_name))
+            model_spec=resolved_spec(spec["model"], version, ""))
         response.metadata["signature_def"].Pack(sig_map)
         return response
 
