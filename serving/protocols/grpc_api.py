@@ -59,8 +59,8 @@ def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
 def typed_inputs(protos: Any, arrays: dict[str, np.ndarray]) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
     """Predict's decoded tensors (`arrays`) for a signature. A TensorProto carries its dtype, and one that is not
     the signature's is refused with the text of the Session that TF Serving feeds it to (a float64 numpy array
-    sent for a float input, say), never cast as a JSON number is: position i counts the signature's inputs in name order, as
-    serving/core/loaders.py feeds them."""
+    sent for a float input, say), never cast as a JSON number is: position i counts the signature's inputs in
+    name order, as serving/core/loaders.py feeds them."""
     def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
         for i, name in enumerate(sorted(info.inputs)):
             have = _dtype_name(protos[name].dtype) if name in protos else info.inputs[name].dtype
