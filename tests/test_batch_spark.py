@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyspark
 import pytest
-import tensorflow as tf
 
 from server_harness import tiny_model_base
 from serving.batch import job as beam_job
@@ -74,32 +73,37 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     port, master_ui, worker_ui = free_port(), free_port(), free_port()
     env = {**spark_env(), "SPARK_LOG_DIR": str(folder), "SPARK_WORKER_DIR": str(folder / "work")}
     processes = []
+    deadline = time.monotonic() + CLUSTER_START_S
+
+    def start(name: str, *argv: str, ready) -> None:
+        """Starts one daemon and waits until `ready` holds: a worker started before its master has
+        answered waits seconds for its next registration attempt."""
+        with open(folder / f"{name}.log", "wb") as log:
+            processes.append(subprocess.Popen([SPARK_CLASS, *argv], env=env, stdout=log, stderr=subprocess.STDOUT))
+        while not ready():
+            assert processes[-1].poll() is None, (folder / f"{name}.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the Spark {name} was not ready in {CLUSTER_START_S} s"
+            time.sleep(0.25)
+
     try:
-        for name, argv in (
-                ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                            "--webui-port", str(master_ui)]),
-                ("worker", ["org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
-                            "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui)])):
-            with open(folder / f"{name}.log", "wb") as log:
-                processes.append(subprocess.Popen([SPARK_CLASS, *argv], env=env, stdout=log,
-                                                  stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + CLUSTER_START_S
-        while not _alive_workers(master_ui):
-            assert all(p.poll() is None for p in processes), (folder / "worker.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Spark worker did not register with the master"
-            time.sleep(0.5)
+        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+              "--webui-port", str(master_ui), ready=lambda: _master_state(master_ui) is not None)
+        start("worker", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1",
+              "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
+              ready=lambda: any(w["state"] == "ALIVE" for w in _master_state(master_ui)["workers"]))
         yield Cluster(f"spark://127.0.0.1:{port}", processes[1].pid)
     finally:
         for process in reversed(processes):
             _stop(process)
 
 
-def _alive_workers(master_ui: int) -> int:
+def _master_state(master_ui: int) -> dict | None:
+    """The master's status page as JSON, or None while it does not answer yet."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{master_ui}/json/", timeout=5) as response:
-            return sum(w["state"] == "ALIVE" for w in json.load(response)["workers"])
+            return json.load(response)
     except OSError:
-        return 0
+        return None
 
 
 @pytest.fixture(scope="session")
@@ -212,7 +216,8 @@ def event_log(folder: str) -> list[dict]:
     """The one application's events, from Spark's rolling event log (a folder of `events_<n>_<app>` files),
     written uncompressed for the test."""
     (app,) = os.listdir(folder)
-    parts = sorted(glob.glob(os.path.join(folder, app, "events_*")), key=lambda p: int(p.rsplit("/", 1)[1].split("_")[1]))
+    parts = sorted(glob.glob(os.path.join(folder, app, "events_*")),
+                   key=lambda p: int(os.path.basename(p).split("_")[1]))
     return [json.loads(line) for part in parts for line in open(part)]
 
 
@@ -248,15 +253,24 @@ def python_workers_under(ancestor: int) -> set[int]:
     return workers
 
 
+def _loaded_tensorflow(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtensorflow_framework" in f.read()
+    except OSError:
+        return False
+
+
 def kill_first_new_worker(ancestor: int, before: set[int], stop: threading.Event, killed: list[int]) -> None:
-    """SIGKILLs the first Python worker forked after `before`: it is then importing TensorFlow and loading the
-    model for its task, which takes seconds, so the kill lands inside a running task."""
+    """SIGKILLs the first Python worker forked after `before` once it has begun to import TensorFlow: it is then
+    running its task's code, and importing the rest of TensorFlow and loading the model take it seconds more, so
+    the kill lands inside a running task (a kill during the worker's handshake could be hidden by Spark
+    restarting its daemon)."""
     while not stop.is_set():
-        new = python_workers_under(ancestor) - before
-        if new:
-            pid = min(new)
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+        started = [pid for pid in python_workers_under(ancestor) - before if _loaded_tensorflow(pid)]
+        if started:
+            os.kill(started[0], signal.SIGKILL)
+            killed.append(started[0])
             return
         time.sleep(0.02)
 

@@ -2,8 +2,9 @@
 
 Online serving answers single images; bulk scoring is a batch job, and on a TPU it needs fixed-size batches.
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the
-model on static padded batches (serving/batch/core.py, through model_handler.py) and writes sharded JSON Lines. Nothing is dropped:
-a bad record becomes an error line with its reason, and the job checks that rows in = results + errors.
+model on static padded batches (serving/batch/core.py, through model_handler.py) and writes sharded JSON Lines.
+Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
+results + errors.
 
 Beam pipeline options (--runner, --project, --region, --temp_location, --direct_num_workers,
 --direct_running_mode, ...) pass straight through, so the same job runs on the DirectRunner, Dataflow, Flink

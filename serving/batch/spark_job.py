@@ -104,7 +104,7 @@ def _open(path: str):
 
 def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tuple[list[Any], int]:
     """The partitions' inputs: lists of image paths, or record files one each; and how many paths were listed."""
-    files = sorted(tf.io.gfile.glob(pattern))
+    files = sorted(f for f in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(f))  # as Beam's MatchFiles
     if not files:
         raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
     if input_format in ("tfrecord", "jsonl"):
@@ -149,9 +149,12 @@ def _model(job: PartitionJob) -> tuple[core.StaticBatchClassifier, core.ImageDec
 
 def score_partition(job: PartitionJob, index: int, units: Iterator[Any]) -> Iterator[tuple[int, dict, float,
                                                                                             float]]:
-    """One task: its records to a results shard and an errors part, committed by rename once complete."""
-    started = time.time()
+    """One task: its records to a results shard and an errors part, committed by rename once complete.
+
+    Its time is stamped once the model is there, as Beam's work stamps do, so the job's processing rate
+    leaves the workers' start-up out."""
     model, decoder = _model(job)
+    started = time.time()
     scorer = core.Scorer(decoder, model, job.info.labels, job.top_k)
     attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{TaskContext.get().taskAttemptId()}")
     with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
