@@ -309,10 +309,11 @@ def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path
     (tmp_path / "in").mkdir()
     pattern, keys = write_input("jsonl", tmp_path / "in", images)
     output, events = str(tmp_path / "out"), str(tmp_path / "events")
+    env = {k: v for k, v in spark_env().items() if k != "PYSPARK_PYTHON"}  # local[N] finds its own Python
     done = subprocess.run([sys.executable, "-m", "petal", "batch", *spark_args(
         model_dir, pattern, output, "--spark_master", "local[1]", "--spark_event_log_dir", events,
         "--spark_conf", "spark.eventLog.compress=false")],
-                          capture_output=True, text=True, cwd=ROOT, env=spark_env(), timeout=300)
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["engine"], summary["rows_in"], summary["complete"]) == ("spark", len(keys), True)

@@ -44,10 +44,8 @@ progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal
 
 TEMPORARY = "_temporary"
 PROGRESS_SECONDS = 10.0
-# On local[N], every listener stays on loopback (a laptop's job must not open ports to the network) and the
-# Python workers run this Python, which has Petal and TensorFlow.
-LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-              "spark.pyspark.python": sys.executable}
+# On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
+LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,8 +149,8 @@ def score_partition(job: PartitionJob, index: int, units: Iterator[Any]) -> Iter
                                                                                             float]]:
     """One task: its records to a results shard and an errors part, committed by rename once complete.
 
-    Its time is stamped once the model is there, as Beam's work stamps do, so the job's processing rate
-    leaves the workers' start-up out."""
+    Its time is stamped once the model is there, so the job's processing rate leaves the workers' start-up
+    and the model's loading out."""
     model, decoder = _model(job)
     started = time.time()
     scorer = core.Scorer(decoder, model, job.info.labels, job.top_k)
@@ -184,6 +182,7 @@ def start_session(args: argparse.Namespace) -> SparkSession:
         builder = builder.master(args.spark_master)
         if args.spark_master.startswith("local"):
             builder = builder.config(map=LOCAL_CONF)
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the Python workers' is this one, with Petal
     if args.spark_event_log_dir:
         tf.io.gfile.makedirs(args.spark_event_log_dir)
         builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir",
