@@ -31,6 +31,5 @@ PYSPARK_DRIVER_PYTHON=$DRIVER_PYTHON PYSPARK_PYTHON=./environment/bin/python \
   "$SPARK_SUBMIT" --master "$MASTER" --deploy-mode "$DEPLOY_MODE" \
   --archives "$BUILD/petal-env.tar.gz#environment" \
   --conf spark.pyspark.python=./environment/bin/python \
-  --conf spark.task.maxFailures=4 \
   ${SPARK_SUBMIT_ARGS:-} \
   deploy/spark/petal_batch.py "$@"
