@@ -1,0 +1,70 @@
+"""`petal batch`: the flags both engines take, and the choice of engine (Beam by default, or Spark).
+
+Each engine parses its own flags on top of these, so Beam's pipeline options and Spark's settings never meet,
+and only the chosen engine's package is imported.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from serving.batch import core
+
+ENGINES = {"beam": ("serving.batch.job", "apache_beam", "batch"), "spark": ("serving.batch.spark_job", "pyspark",
+                                                                           "spark")}
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="beam",
+                        help="Apache Beam (the default: DirectRunner, Dataflow, ...) or Apache Spark")
+    parser.add_argument("--model_dir", required=True,
+                        help="a SavedModel version directory, or a base path (its latest version is used)")
+    parser.add_argument("--input", required=True, help="file pattern of the inputs (local path or gs://...)")
+    parser.add_argument("--input_format", choices=core.FORMATS,
+                        help="inferred from the pattern's extension when omitted: .tfrecord(s)/.tfr, "
+                             ".jsonl/.json, .txt/.lst/.list (file list), anything else image files")
+    parser.add_argument("--output_dir", required=True, help="where prediction.* shards are written")
+    parser.add_argument("--batch_size", type=int, default=64,
+                        help="rows per model call, fixed; a multiple of the replica count")
+    parser.add_argument("--top_k", type=int, default=0, help="also write the k best labels with their scores")
+    parser.add_argument("--tpu", default=None, help="TPU name or grpc:// address; implies --use_tpu")
+    parser.add_argument("--use_tpu", action="store_true", help="run inference under TPUStrategy")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the prediction.* shards of an earlier run instead of refusing")
+
+
+def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.batch_size < 1:
+        parser.error("--batch_size must be at least 1")
+    if args.top_k < 0:
+        parser.error("--top_k must not be negative")
+    args.input_format = args.input_format or core.infer_format(args.input)
+    args.use_tpu = args.use_tpu or args.tpu is not None
+
+
+def run_and_report(run: Callable[[], dict[str, Any]]) -> int:
+    """Exit 2 for a job that cannot start (bad paths, a used output directory), 1 for one that lost rows."""
+    try:
+        job_summary = run()
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"petal batch: error: {e}", file=sys.stderr)
+        return 2
+    return core.report(job_summary)
+
+
+def main(argv: list[str]) -> int:
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--engine", choices=sorted(ENGINES), default="beam")
+    engine = chooser.parse_known_args(argv)[0].engine
+    module_name, package, extra = ENGINES[engine]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != package:
+            raise
+        print(f"petal batch --engine={engine} needs {package}: pip install 'petal[{extra}]'", file=sys.stderr)
+        return 2
+    return module.main(argv)

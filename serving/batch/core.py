@@ -1,0 +1,375 @@
+"""The batch job's engine-free core: what one record goes through, whichever engine moves the records.
+
+Beam's DoFns (job, sources, model_handler) and Spark's partition function (spark_job) call these functions and
+nothing else for the work itself, so both engines read, key, decode, batch, predict and format alike:
+
+- reading and keying the input formats, where every input becomes either a `(key, image_bytes)` record or a
+  `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
+  what a user can trace back: the file path, the TFRecord's `key` or `image/filename` feature, or the JSON line's
+  `key`; a record without one is keyed by `<file>:<index>`;
+- decoding on the host with the server's preprocessing (TPUs cannot decode JPEGs);
+- the model on static padded batches: accelerators compile one program per input shape, so the last partial batch
+  is padded and the padding rows are dropped again before anything is returned;
+- a result or an error as one JSON line, and the job's summary, which says whether rows in = results + errors.
+
+Files are opened through a function the engine passes in (Beam's FileSystems.open, or TensorFlow's gfile on
+Spark), so each engine reads the filesystems it knows.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.example import example_pb2
+
+from exported_models.model_format import LABELS_ASSET, latest_version, read_labels, read_signatures
+from serving.core.errors import op_error_message
+from training.preprocessing import preprocess_eval
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE = "predict_images"
+SIGNATURE_INPUT = "images"
+# The numeric outputs come back from the device; class names are looked up on the host, because string
+# tensors cannot live on a TPU.
+DEVICE_OUTPUTS = ("probabilities", "classid")
+RESULTS_PREFIX = "prediction.results"
+ERRORS_PREFIX = "prediction.errors_stats"
+ERRORS_FILE = f"{ERRORS_PREFIX}-00000-of-00001"
+FORMATS = ("images", "filelist", "tfrecord", "jsonl")
+_EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".jsonl": "jsonl",
+               ".json": "jsonl", ".txt": "filelist", ".lst": "filelist", ".list": "filelist"}
+_SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")
+
+Opener = Callable[[str], BinaryIO]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One input that produced no prediction, with a gRPC status name as TF Serving would report it."""
+
+    key: Any
+    status: str
+    message: str
+
+    def to_json(self) -> str:
+        return json.dumps({"key": self.key, "error": {"status": self.status, "message": self.message}})
+
+
+Record = tuple[Any, bytes]
+
+
+def infer_format(pattern: str) -> str:
+    """The format a pattern's extension implies; anything unrecognised is taken to be image files."""
+    return _EXTENSIONS.get(posixpath.splitext(pattern.rstrip("*"))[1].lower(), "images")
+
+
+# --- reading ------------------------------------------------------------------------------------------------
+
+def read_file(path: str, open_file: Opener) -> Record | Failure:
+    """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path."""
+    try:
+        with open_file(path) as f:
+            return path, f.read()
+    except (FileNotFoundError, tf.errors.NotFoundError) as e:
+        return Failure(path, "NOT_FOUND", f"no such file: {getattr(e, 'filename', None) or path}")
+    except (IsADirectoryError, tf.errors.FailedPreconditionError):
+        return Failure(path, "INVALID_ARGUMENT", "is a directory, not an image file")
+    except (OSError, tf.errors.OpError) as e:
+        return Failure(path, "UNAVAILABLE", f"cannot read the file: {e}")
+
+
+def file_list_path(list_file: str, line: str) -> str | None:
+    """One line of a file list to a path; relative paths are relative to the list file, so lists travel."""
+    path = line.strip()
+    if not path:
+        return None
+    return path if _SCHEME.match(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
+                                                                                   path)
+
+
+def _example_record(position: str, serialized: bytes) -> Record | Failure:
+    example = example_pb2.Example()
+    try:
+        example.ParseFromString(serialized)
+    except DecodeError:
+        return Failure(position, "INVALID_ARGUMENT", "record is not a serialized tf.train.Example")
+    features = example.features.feature
+    key = position
+    for name in ("key", "image/filename"):
+        values = features[name].bytes_list.value if name in features else ()
+        if values:
+            key = values[0].decode("utf-8", "replace")
+            break
+    encoded = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
+    if not encoded:
+        return Failure(key, "INVALID_ARGUMENT", "tf.train.Example has no image/encoded bytes")
+    return key, encoded[0]
+
+
+def read_tfrecord_file(path: str) -> Iterator[Record | Failure]:
+    """Every tf.train.Example in one TFRecord file to `(key, image/encoded)`, streamed; unreadable data after
+    some record is one more failure."""
+    index = -1
+    try:
+        for index, serialized in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+            yield _example_record(f"{path}:{index}", serialized)
+    except tf.errors.OpError as e:
+        yield Failure(f"{path}:{index + 1}", "DATA_LOSS", f"unreadable TFRecord data after record {index}: "
+                                                         f"{e.message}")
+
+
+def _json_record(position: str, raw: bytes) -> Record | Failure:
+    try:
+        row = json.loads(raw)
+    except ValueError as e:
+        return Failure(position, "INVALID_ARGUMENT", f"line is not valid JSON: {e}")
+    if not isinstance(row, dict):
+        return Failure(position, "INVALID_ARGUMENT", "line must be a JSON object with key and image_bytes")
+    key = row.get("key", position)
+    image = row.get("image_bytes")
+    if not isinstance(image, dict) or not isinstance(image.get("b64"), str):
+        return Failure(key, "INVALID_ARGUMENT", 'image_bytes must be {"b64": "<base64 string>"}')
+    try:
+        return key, base64.b64decode(image["b64"], validate=True)
+    except (binascii.Error, ValueError) as e:
+        return Failure(key, "INVALID_ARGUMENT", f"image_bytes.b64 is not valid base64: {e}")
+
+
+def read_jsonl_file(path: str, open_file: Opener) -> Iterator[Record | Failure]:
+    """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`, streamed."""
+    number = 0
+    try:
+        with open_file(path) as f:
+            for number, raw in enumerate(f, start=1):
+                if raw.strip():
+                    yield _json_record(f"{path}:{number}", raw)
+    except (OSError, tf.errors.OpError) as e:
+        yield Failure(f"{path}:{number + 1}", "UNAVAILABLE", f"cannot read the file past line {number}: {e}")
+
+
+# --- the model ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the job needs to know about a model before any worker loads it."""
+
+    path: str
+    height: int
+    width: int
+    labels: tuple[str, ...]
+
+
+def read_model_info(model_dir: str) -> ModelInfo:
+    """Image size from the signature's input spec and labels from the assets, without loading the graph."""
+    path = latest_version(model_dir)
+    signatures = read_signatures(path)
+    if SIGNATURE not in signatures:
+        raise ValueError(f"{path} has no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with petal")
+    dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
+    if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
+        raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
+    labels = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
+    return ModelInfo(path=path, height=dims[1], width=dims[2], labels=labels)
+
+
+def select_strategy(use_tpu: bool, tpu: str | None = None) -> tf.distribute.Strategy:
+    """TPUStrategy when asked for, MirroredStrategy over several GPUs (or several logical CPUs, which only exist
+    when configured on purpose), else the default strategy.
+
+    Not training's resolve_strategy: a batch job on a worker must not turn a TF_CONFIG it happens to inherit
+    into MultiWorkerMirroredStrategy, logical CPU devices must count as replicas, and serving code never imports
+    training beyond the shared preprocessing.
+    """
+    if use_tpu:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    for kind in ("GPU", "CPU"):
+        devices = tf.config.list_logical_devices(kind)
+        if len(devices) > 1:
+            return tf.distribute.MirroredStrategy([d.name for d in devices])
+    return tf.distribute.get_strategy()
+
+
+class StaticBatchClassifier:
+    """`predict_images` compiled for exactly one input shape, [batch_size, H, W, 3], split across replicas.
+
+    A batch of the wrong size is a TF shape error, not a silent recompile, so the static-shape promise is
+    enforced rather than hoped for.
+    """
+
+    def __init__(self, info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str | None = None):
+        self.strategy = select_strategy(use_tpu, tpu)
+        self.replicas = self.strategy.num_replicas_in_sync
+        if batch_size % self.replicas:
+            raise ValueError(f"--batch_size {batch_size} is not a multiple of the {self.replicas} replicas")
+        self.batch_size = batch_size
+        self.labels = np.array(info.labels, dtype=object)
+        with self.strategy.scope():
+            self._loaded = tf.saved_model.load(info.path)
+        signature = self._loaded.signatures[SIGNATURE]
+        strategy, replicas = self.strategy, self.replicas
+
+        @tf.function(input_signature=[tf.TensorSpec([batch_size, info.height, info.width, 3], tf.float32)])
+        def step(images):
+            shards = tf.split(images, replicas)
+            per_replica = strategy.experimental_distribute_values_from_function(
+                lambda ctx: shards[ctx.replica_id_in_sync_group])
+            outputs = strategy.run(
+                lambda x: {k: v for k, v in signature(images=x).items() if k in DEVICE_OUTPUTS},
+                args=(per_replica,))
+            return {k: tf.concat(strategy.experimental_local_results(v), axis=0) for k, v in outputs.items()}
+
+        self._step = step
+        logger.info("model loaded", extra={"fields": {
+            "model": info.path, "strategy": type(self.strategy).__name__, "replicas": self.replicas,
+            "batch_size": batch_size}})
+
+    def predict(self, images: np.ndarray) -> dict[str, np.ndarray]:
+        """Up to batch_size images in, as many rows out: zero rows pad the batch and are cut off again."""
+        rows = len(images)
+        if not 0 < rows <= self.batch_size:
+            raise ValueError(f"got {rows} rows for a static batch of {self.batch_size}")
+        padded = np.zeros((self.batch_size, *images.shape[1:]), np.float32)
+        padded[:rows] = images
+        outputs = {k: v.numpy()[:rows] for k, v in self._step(padded).items()}
+        outputs["class"] = self.labels[outputs["classid"]]
+        return outputs
+
+
+def predict_batch(model: StaticBatchClassifier, images: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The one place a batch job runs a signature: up to batch_size decoded images to one prediction each.
+
+    Both engines call this, so a model that another kind of servable runs only has to offer `predict`.
+    """
+    outputs = model.predict(np.stack(images))
+    return [{k: v[i] for k, v in outputs.items()} for i in range(len(images))]
+
+
+# --- decoding, formatting, and a stream of records end to end -----------------------------------------------
+
+class ImageDecoder:
+    """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it."""
+
+    def __init__(self, height: int, width: int):
+        self._decode = tf.function(lambda data: preprocess_eval(data, height, width),
+                                   input_signature=[tf.TensorSpec([], tf.string)])
+
+    def __call__(self, key: Any, data: bytes) -> tuple[Any, np.ndarray] | Failure:
+        try:
+            return key, self._decode(data).numpy()
+        except tf.errors.InvalidArgumentError as e:
+            return Failure(key, "INVALID_ARGUMENT", f"cannot decode image: {op_error_message(e.message)}")
+
+
+def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[str, ...], top_k: int) -> dict:
+    """One results line; `top_k` adds the best labels in the classify_image response's shape."""
+    probabilities = prediction["probabilities"]
+    row = {"class": str(prediction["class"]), "classid": int(prediction["classid"]),
+           "probabilities": [float(p) for p in probabilities]}
+    if top_k:
+        best = np.argsort(-probabilities, kind="stable")[:top_k]
+        row["top_k"] = [{"label": labels[i], "score": float(probabilities[i])} for i in best]
+    return {"key": key, "prediction": row}
+
+
+@dataclass
+class Counts:
+    """What one stream of records produced; the engines add these up across workers."""
+
+    read: int = 0
+    predicted: int = 0
+    failed: int = 0
+    batches: int = 0
+    padded: int = 0
+
+    def add(self, other: Counts) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class Scorer:
+    """Records or failures in, `(is_result, json_line)` out, `batch_size` decoded images per model call.
+
+    Memory stays at one batch of decoded images whatever the stream's length, since lines leave as soon as
+    their batch is done.
+    """
+
+    decoder: ImageDecoder
+    model: StaticBatchClassifier
+    labels: tuple[str, ...]
+    top_k: int
+    counts: Counts = field(default_factory=Counts)
+
+    def score(self, items: Iterable[Record | Failure]) -> Iterator[tuple[bool, str]]:
+        pending: list[tuple[Any, np.ndarray]] = []
+        for item in items:
+            self.counts.read += 1
+            decoded = item if isinstance(item, Failure) else self.decoder(*item)
+            if isinstance(decoded, Failure):
+                self.counts.failed += 1
+                yield False, decoded.to_json()
+                continue
+            pending.append(decoded)
+            if len(pending) == self.model.batch_size:
+                yield from self._flush(pending)
+                pending = []
+        if pending:
+            yield from self._flush(pending)
+
+    def _flush(self, pending: list[tuple[Any, np.ndarray]]) -> Iterator[tuple[bool, str]]:
+        predictions = predict_batch(self.model, [image for _, image in pending])
+        self.counts.batches += 1
+        self.counts.padded += self.model.batch_size - len(pending)
+        self.counts.predicted += len(pending)
+        for (key, _), prediction in zip(pending, predictions):
+            yield True, json.dumps(prediction_row(key, prediction, self.labels, self.top_k))
+
+
+# --- the job around the records -----------------------------------------------------------------------------
+
+def prepare_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], list[str]],
+                       delete: Callable[[list[str]], None]) -> None:
+    """Never mix two runs' shards: refuse a non-empty directory, or with --overwrite delete the old shards."""
+    existing = match(posixpath.join(output_dir.rstrip("/"), "*"))
+    if not existing:
+        return
+    if not overwrite:
+        raise FileExistsError(f"--output_dir {output_dir} is not empty ({len(existing)} entries); "
+                              "choose a new directory or pass --overwrite")
+    old = [p for p in existing if p.rstrip("/").rsplit("/", 1)[-1].startswith((RESULTS_PREFIX, ERRORS_PREFIX))]
+    if old:
+        delete(old)
+
+
+def summary(info: ModelInfo, output_dir: str, counts: Counts, seconds: float, processing: float,
+            verified: bool = True, **extra: Any) -> dict[str, Any]:
+    """The job's summary line, the same for both engines; `complete` says rows in = results + errors, and that
+    whatever else the engine `verified` about its outputs held."""
+    return {"model": info.path, "output_dir": output_dir, "rows_in": counts.read, "results": counts.predicted,
+            "errors": counts.failed, "complete": verified and counts.read == counts.predicted + counts.failed,
+            "batches": counts.batches, "padding_rows": counts.padded, "seconds": round(seconds, 2),
+            "processing_seconds": round(processing, 2),
+            "images_per_s": round(counts.predicted / processing, 1) if processing else 0.0, **extra}
+
+
+def report(job_summary: dict[str, Any]) -> int:
+    """Prints the summary; a job whose outputs do not add up to its inputs fails loudly, with exit code 1."""
+    print(json.dumps(job_summary))
+    if not job_summary["complete"]:
+        logger.error("rows lost: rows in != results + errors", extra={"fields": job_summary})
+        return 1
+    return 0
