@@ -46,11 +46,12 @@ def declared_count(tensor: Any) -> int:
                          np.dtype(v2.NUMPY_TYPES.get(tensor.datatype, object)).itemsize)
 
 
-def decoded_bytes(tensor: Any, count: int) -> int:
-    """What decoding an input allocates: a BYTES element is a reference and a bytes object besides its bytes."""
+def decoded_bytes(tensor: Any, count: int, raw: bytes | None) -> int:
+    """What decoding an input allocates, if it decodes: raw numbers are their bytes (decode_raw takes exactly
+    count x itemsize of them or refuses them); a BYTES element is a reference and a bytes object besides its bytes."""
     if tensor.datatype == "BYTES":
         return count * STRING_ELEMENT_BYTES
-    return count * np.dtype(v2.NUMPY_TYPES[tensor.datatype]).itemsize
+    return len(raw) if raw is not None else count * np.dtype(v2.NUMPY_TYPES[tensor.datatype]).itemsize
 
 
 def decode_tensor(tensor: Any, raw: bytes | None, count: int) -> np.ndarray:
@@ -85,15 +86,16 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
     if raw and len(raw) != len(request.inputs):
         raise invalid(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; it needs one "
                       "per input, in order")
+    sent: list[bytes | None] = raw or [None] * len(request.inputs)
     counts = [declared_count(tensor) for tensor in request.inputs]
-    total = sum(decoded_bytes(tensor, count) for tensor, count in zip(request.inputs, counts))
+    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent))
     if total > limit:
         raise invalid(f"Inputs would decode to {total} bytes, over the {limit}-byte limit (--grpc_max_message_bytes)")
     inputs = {}
-    for i, tensor in enumerate(request.inputs):
+    for tensor, count, data in zip(request.inputs, counts, sent):
         if tensor.name in inputs:
             raise invalid(f"Input {tensor.name!r} is given twice")
-        inputs[tensor.name] = decode_tensor(tensor, raw[i] if raw else None, counts[i])
+        inputs[tensor.name] = decode_tensor(tensor, data, count)
     if not inputs:
         raise invalid("Inference request needs at least one input")
     return inputs
@@ -144,8 +146,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise invalid("ModelInferRequest needs a model_name")
         signature = request.parameters.get("signature_name")
         requested = [output.name for output in request.outputs]
-        result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(
-                                       request_inputs(request, self.core.options.grpc_max_message_bytes)),
+        inputs = request_inputs(request, self.core.options.grpc_max_message_bytes)
+        result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(inputs),
                                    version=version_of(request.model_version),
                                    signature_name=signature.string_param if signature is not None else "",
                                    output_filter=requested or None, deadline=deadline_of(context),
