@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 import time
 from typing import Any
@@ -122,13 +123,16 @@ def decode_string(value: Any, name: str, is_base64: bool) -> bytes:
 # ---- response encoding ------------------------------------------------------------------------------------
 
 def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
-    """Triton's classification extension: per row the top `count` as "score:index[:label]" strings."""
-    rows = scores.reshape(scores.shape[0], -1) if scores.ndim > 1 else scores.reshape(1, -1)
+    """Triton's classification extension: per row (all past the first dimension) the top `count` as
+    "score:index[:label]" strings, [rows, count]; [count] for one row without a batch dimension. The row's width
+    is stated, not left to reshape's -1, which cannot infer it for an empty batch."""
+    rows = scores.reshape(len(scores), math.prod(scores.shape[1:])) if scores.ndim > 1 else scores.reshape(1, -1)
     out = []
     for row in rows:
         top = np.argsort(-row, kind="stable")[:count]
         out.append([(f"{row[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "")).encode() for i in top])
-    return np.array(out, dtype=object).reshape(*scores.shape[:-1], min(count, rows.shape[1]))
+    top_count = min(count, rows.shape[1])
+    return np.array(out, dtype=object).reshape((len(rows), top_count) if scores.ndim > 1 else (top_count,))
 
 
 def datatype_of(array: np.ndarray) -> str:

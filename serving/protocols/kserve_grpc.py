@@ -23,7 +23,7 @@ from serving.protocols import v2
 from serving.protocols.grpc_api import deadline_of, rpc
 from serving.protocols.httputil import parse_version
 from serving.protocols.kserve import binary_data, classification, datatype_of, decode_raw
-from serving.protocols.tensor_proto import element_count
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES, element_count
 
 SERVICE = "/inference.GRPCInferenceService/"
 # The typed InferTensorContents field of each datatype; FP16 has none, it travels raw only.
@@ -38,13 +38,27 @@ def version_of(text: str) -> int | None:
     return parse_version(text or None)
 
 
-def decode_tensor(tensor: Any, raw: bytes | None) -> np.ndarray:
-    """One input tensor as numpy, from its raw bytes when the request sent raw_input_contents. Every size a
-    client states (the shape, each BYTES length) is checked against the bytes that came before it is trusted."""
+def declared_count(tensor: Any) -> int:
+    """The elements an input's datatype and shape declare, checked before anything is allocated."""
+    if tensor.datatype not in CONTENTS and tensor.datatype not in v2.NUMPY_TYPES:
+        raise invalid(f"Input {tensor.name!r}: unsupported datatype {tensor.datatype!r}")
+    return element_count(tensor.name, list(tensor.shape),
+                         np.dtype(v2.NUMPY_TYPES.get(tensor.datatype, object)).itemsize)
+
+
+def decoded_bytes(tensor: Any, count: int, raw: bytes | None) -> int:
+    """What decoding an input allocates, if it decodes: raw numbers are their bytes (decode_raw takes exactly
+    count x itemsize of them or refuses them); a BYTES element is a reference and a bytes object besides its bytes."""
+    if tensor.datatype == "BYTES":
+        return count * STRING_ELEMENT_BYTES
+    return len(raw) if raw is not None else count * np.dtype(v2.NUMPY_TYPES[tensor.datatype]).itemsize
+
+
+def decode_tensor(tensor: Any, raw: bytes | None, count: int) -> np.ndarray:
+    """One input tensor of `count` elements as numpy, from its raw bytes when the request sent
+    raw_input_contents. Every size a client states (each BYTES length) is checked against the bytes that came
+    before it is trusted."""
     name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
-    if datatype not in CONTENTS and datatype not in v2.NUMPY_TYPES:
-        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
-    count = element_count(name, shape, np.dtype(v2.NUMPY_TYPES.get(datatype, object)).itemsize)
     if raw is not None:
         if tensor.HasField("contents"):
             raise invalid(f"Input {name!r} has both contents and raw_input_contents")
@@ -64,16 +78,24 @@ def decode_tensor(tensor: Any, raw: bytes | None) -> np.ndarray:
     return values.reshape(shape)
 
 
-def request_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[str, np.ndarray]:
+    """The inputs as arrays, refused before the first is decoded when together they would decode to more than
+    `limit` bytes (--grpc_max_message_bytes), as TF Serving's Predict is: a message of millions of short BYTES
+    elements decodes to many times its size, and takes seconds doing it."""
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise invalid(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; it needs one "
                       "per input, in order")
+    sent: list[bytes | None] = raw or [None] * len(request.inputs)
+    counts = [declared_count(tensor) for tensor in request.inputs]
+    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent))
+    if total > limit:
+        raise invalid(f"Inputs would decode to {total} bytes, over the {limit}-byte limit (--grpc_max_message_bytes)")
     inputs = {}
-    for i, tensor in enumerate(request.inputs):
+    for tensor, count, data in zip(request.inputs, counts, sent):
         if tensor.name in inputs:
             raise invalid(f"Input {tensor.name!r} is given twice")
-        inputs[tensor.name] = decode_tensor(tensor, raw[i] if raw else None)
+        inputs[tensor.name] = decode_tensor(tensor, data, count)
     if not inputs:
         raise invalid("Inference request needs at least one input")
     return inputs
@@ -124,7 +146,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise invalid("ModelInferRequest needs a model_name")
         signature = request.parameters.get("signature_name")
         requested = [output.name for output in request.outputs]
-        result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(request_inputs(request)),
+        inputs = request_inputs(request, self.core.options.grpc_max_message_bytes)
+        result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(inputs),
                                    version=version_of(request.model_version),
                                    signature_name=signature.string_param if signature is not None else "",
                                    output_filter=requested or None, deadline=deadline_of(context),
