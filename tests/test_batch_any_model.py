@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
 from server_harness import run_server
+from serving.batch import job as batch_job
 from test_batch import read_output, run_job
 from test_batch_spark import spark_env
 
@@ -194,13 +195,12 @@ def test_spark_local_1_classifies_tfrecords_as_the_beam_job(models, tmp_path, ca
     assert by_key(results) == beam_results and by_key(errors) == beam_errors
 
 
-def test_a_signature_that_cannot_read_the_input_stops_before_the_job(models, tmp_path):
+def test_a_signature_that_cannot_read_the_input_stops_before_the_job(models, tmp_path, capsys):
     pattern = write_tfrecord(tmp_path / "examples.tfrecord", [keyed_example("a", x=1.0)])
     for extra, text in ((["--signature_name", "serving_default"], "runs predict, which reads --input_format jsonl"),
-                        (["--method", "classify"], "cannot classify"),
+                        (["--method", "classify"], "cannot classify: No classification inputs found"),
                         (["--signature_name", "nope"], "has no 'nope' signature")):
-        done = subprocess.run([sys.executable, "-m", "petal", "batch", "--model_dir", models["tf1"], "--input",
-                               pattern, "--output_dir", str(tmp_path / "o"), *extra],
-                              capture_output=True, text=True, cwd=ROOT, timeout=120)
-        assert done.returncode == 2 and text in done.stderr, done.stderr[-2000:]
+        assert batch_job.main(["--model_dir", models["tf1"], "--input", pattern, "--output_dir",
+                               str(tmp_path / "o"), *extra]) == 2
+        assert text in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -20,6 +20,7 @@ No Beam or Spark here: serving/batch/core.py calls this for both engines.
 """
 from __future__ import annotations
 
+import logging
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from serving.core.dataplane import coerce
 from serving.core.errors import ServingError, invalid
 from serving.core.servable import Servable
 from serving.protocols.rest import examples_json, float32_json, predict_inputs, predict_response
+
+logger = logging.getLogger(__name__)
 
 PREDICT, CLASSIFY, REGRESS = "predict", "classify", "regress"
 METHODS = (PREDICT, CLASSIFY, REGRESS)
@@ -123,6 +126,9 @@ class SignatureBatchModel:
         self.signature_name = signature_name
         self.method = method
         self.batch_size = batch_size
+        logger.info("model loaded", extra={"fields": {
+            "model": path, "format": self.servable.format, "signature": signature_name, "method": method,
+            "batch_size": batch_size}})
 
     def predict_rows(self, rows: Sequence[Row]) -> list[Any]:
         """Up to batch_size rows to one answer each: its REST JSON value, or the RowError it failed with."""

@@ -197,8 +197,6 @@ def read_model_info(model_dir: str, signature_name: str | None = None, method: s
     signatures = read_signatures(path)
     if SIGNATURE not in signatures or signature_name not in (None, SIGNATURE) or method is not None:
         return _any_model_info(path, signatures, signature_name or DEFAULT_SIGNATURE, method, input_format)
-    if input_format not in (None, *FORMATS):
-        raise ValueError(f"--input_format {input_format} is not one of {', '.join(FORMATS)}")
     dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
