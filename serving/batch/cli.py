@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.batch import core
+from serving.batch import any_model, core
 
 ENGINES = {"beam": ("serving.batch.job", "apache_beam", "batch"), "spark": ("serving.batch.spark_job", "pyspark",
                                                                            "spark")}
@@ -26,6 +26,13 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_format", choices=core.FORMATS,
                         help="inferred from the pattern's extension when omitted: .tfrecord(s)/.tfr, "
                              ".jsonl/.json, .txt/.lst/.list (file list), anything else image files")
+    parser.add_argument("--signature_name", default=None,
+                        help="the signature to run: predict_images for Petal's image classifiers, else "
+                             "serving_default")
+    parser.add_argument("--method", choices=any_model.METHODS, default=None,
+                        help="predict, classify or regress; by default the signature's method name, else its "
+                             "structure as TF Serving reads it (one DT_STRING 'inputs' to classes/scores or "
+                             "outputs: tf.Examples), else predict")
     parser.add_argument("--output_dir", required=True, help="where prediction.* shards are written")
     parser.add_argument("--batch_size", type=int, default=64,
                         help="rows per model call, fixed; a multiple of the replica count")

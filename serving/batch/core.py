@@ -3,8 +3,9 @@
 Beam's DoFns (job, sources, model_handler) and Spark's partition function (spark_job) call these functions and
 nothing else for the work itself, so both engines read, key, decode, batch, predict and format alike:
 
-- reading and keying the input formats, where every input becomes either a `(key, image_bytes)` record or a
-  `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
+- reading and keying the input formats, where every input becomes either a `(key, payload)` record (the image
+  bytes; for any other SavedModel, a Predict instance or a serialized tf.Example: serving/batch/any_model.py) or
+  a `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
   what a user can trace back: the file path, the TFRecord's `key` or `image/filename` feature, or the JSON line's
   `key`; a record without one is keyed by `<file>:<index>`;
 - decoding on the host with the server's preprocessing (TPUs cannot decode JPEGs);
@@ -32,14 +33,17 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 
-from exported_models.model_format import LABELS_ASSET, latest_version, read_labels, read_signatures
-from serving.core.errors import op_error_message
+from exported_models.model_format import (DEFAULT_SIGNATURE, LABELS_ASSET, latest_version, read_labels,
+                                           read_signatures, version_labels)
+from serving.batch import any_model
+from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
 
 logger = logging.getLogger(__name__)
 
 SIGNATURE = "predict_images"
 SIGNATURE_INPUT = "images"
+IMAGES = "images"  # the mode of Petal's image classifiers; any other model's is one of any_model.METHODS
 # The numeric outputs come back from the device; class names are looked up on the host, because string
 # tensors cannot live on a TPU.
 DEVICE_OUTPUTS = ("probabilities", "classid")
@@ -64,6 +68,10 @@ class Failure:
 
     def to_json(self) -> str:
         return json.dumps({"key": self.key, "error": {"status": self.status, "message": self.message}})
+
+    @classmethod
+    def of(cls, key: Any, error: ServingError) -> Failure:
+        return cls(key, error.code.name, error.message)
 
 
 Record = tuple[Any, bytes]
@@ -98,7 +106,7 @@ def file_list_path(list_file: str, line: str) -> str | None:
                                                                                    path)
 
 
-def _example_record(position: str, serialized: bytes) -> Record | Failure:
+def _example_record(position: str, serialized: bytes, mode: str) -> Record | Failure:
     example = example_pb2.Example()
     try:
         example.ParseFromString(serialized)
@@ -111,25 +119,27 @@ def _example_record(position: str, serialized: bytes) -> Record | Failure:
         if values:
             key = values[0].decode("utf-8", "replace")
             break
+    if mode != IMAGES:
+        return key, serialized
     encoded = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
     if not encoded:
         return Failure(key, "INVALID_ARGUMENT", "tf.train.Example has no image/encoded bytes")
     return key, encoded[0]
 
 
-def read_tfrecord_file(path: str) -> Iterator[Record | Failure]:
-    """Every tf.train.Example in one TFRecord file to `(key, image/encoded)`, streamed; unreadable data after
-    some record is one more failure."""
+def read_tfrecord_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failure]:
+    """Every tf.train.Example in one TFRecord file to `(key, image/encoded)` (other modes: the example as it is),
+    streamed; unreadable data after some record is one more failure."""
     index = -1
     try:
         for index, serialized in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
-            yield _example_record(f"{path}:{index}", serialized)
+            yield _example_record(f"{path}:{index}", serialized, mode)
     except tf.errors.OpError as e:
         yield Failure(f"{path}:{index + 1}", "DATA_LOSS", f"unreadable TFRecord data after record {index}: "
                                                          f"{e.message}")
 
 
-def _json_record(position: str, raw: bytes) -> Record | Failure:
+def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
     try:
         row = json.loads(raw)
     except ValueError as e:
@@ -137,6 +147,11 @@ def _json_record(position: str, raw: bytes) -> Record | Failure:
     if not isinstance(row, dict):
         return Failure(position, "INVALID_ARGUMENT", "line must be a JSON object with key and image_bytes")
     key = row.get("key", position)
+    if mode != IMAGES:
+        try:
+            return key, any_model.record_payload(mode, row)
+        except ServingError as error:
+            return Failure.of(key, error)
     image = row.get("image_bytes")
     if not isinstance(image, dict) or not isinstance(image.get("b64"), str):
         return Failure(key, "INVALID_ARGUMENT", 'image_bytes must be {"b64": "<base64 string>"}')
@@ -146,14 +161,15 @@ def _json_record(position: str, raw: bytes) -> Record | Failure:
         return Failure(key, "INVALID_ARGUMENT", f"image_bytes.b64 is not valid base64: {e}")
 
 
-def read_jsonl_file(path: str, open_file: Opener) -> Iterator[Record | Failure]:
-    """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`, streamed."""
+def read_jsonl_file(path: str, open_file: Opener, mode: str = IMAGES) -> Iterator[Record | Failure]:
+    """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`, streamed (other modes:
+    `{"key": …, "instance" or "example": …}` lines, see serving/batch/any_model.py)."""
     number = 0
     try:
         with open_file(path) as f:
             for number, raw in enumerate(f, start=1):
                 if raw.strip():
-                    yield _json_record(f"{path}:{number}", raw)
+                    yield _json_record(f"{path}:{number}", raw, mode)
     except (OSError, tf.errors.OpError) as e:
         yield Failure(f"{path}:{number + 1}", "UNAVAILABLE", f"cannot read the file past line {number}: {e}")
 
@@ -168,19 +184,36 @@ class ModelInfo:
     height: int
     width: int
     labels: tuple[str, ...]
+    signature: str = SIGNATURE
+    mode: str = IMAGES
 
 
-def read_model_info(model_dir: str) -> ModelInfo:
-    """Image size from the signature's input spec and labels from the assets, without loading the graph."""
+def read_model_info(model_dir: str, signature_name: str | None = None, method: str | None = None,
+                    input_format: str | None = None) -> ModelInfo:
+    """What runs, without loading the graph: a Petal image classifier's image size (from its `predict_images`
+    input spec) and labels, unless a signature or method is named or there is no `predict_images`; then the
+    signature (serving_default by default) and whether it predicts, classifies or regresses."""
     path = latest_version(model_dir)
     signatures = read_signatures(path)
-    if SIGNATURE not in signatures:
-        raise ValueError(f"{path} has no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with petal")
+    if SIGNATURE not in signatures or signature_name not in (None, SIGNATURE) or method is not None:
+        return _any_model_info(path, signatures, signature_name or DEFAULT_SIGNATURE, method, input_format)
     dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
     labels = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
     return ModelInfo(path=path, height=dims[1], width=dims[2], labels=labels)
+
+
+def _any_model_info(path: str, signatures: dict, signature_name: str, method: str | None,
+                    input_format: str | None) -> ModelInfo:
+    if signature_name not in signatures:
+        raise ValueError(f"{path} has no {signature_name!r} signature (has {sorted(signatures)})")
+    mode = any_model.choose_method(signature_name, signatures[signature_name], method)
+    if input_format is not None and input_format not in any_model.INPUT_FORMATS[mode]:
+        raise ValueError(f"signature {signature_name!r} runs {mode}, which reads --input_format "
+                         f"{' or '.join(any_model.INPUT_FORMATS[mode])}, not {input_format}")
+    return ModelInfo(path=path, height=0, width=0, labels=tuple(version_labels(path)), signature=signature_name,
+                     mode=mode)
 
 
 def select_strategy(use_tpu: bool, tpu: str | None = None) -> tf.distribute.Strategy:
@@ -248,17 +281,56 @@ class StaticBatchClassifier:
         outputs["class"] = self.labels[outputs["classid"]]
         return outputs
 
+    def predict_rows(self, images: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        outputs = self.predict(np.stack(images))
+        return [{k: v[i] for k, v in outputs.items()} for i in range(len(images))]
 
-def predict_batch(model: StaticBatchClassifier, images: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """The one place a batch job runs a signature: up to batch_size decoded images to one prediction each.
 
-    Both engines call this, so a model that another kind of servable runs only has to offer `predict`.
+BatchModel = StaticBatchClassifier | any_model.SignatureBatchModel
+
+
+def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str | None = None) -> BatchModel:
+    """The image classifier on its static batches, or any other SavedModel's signature through the server's
+    Servable (which runs on the default device: TPUStrategy is for the image path only)."""
+    if info.mode == IMAGES:
+        return StaticBatchClassifier(info, batch_size, use_tpu, tpu)
+    if use_tpu:
+        raise ValueError("--use_tpu runs only Petal's image classifiers (their predict_images signature)")
+    return any_model.SignatureBatchModel(info.path, info.signature, info.mode, batch_size)
+
+
+def predict_batch(model: BatchModel, rows: Sequence[Any]) -> list[Any]:
+    """The one place a batch job runs a signature: up to batch_size decoded rows to one prediction each (for
+    any other SavedModel, its REST JSON answer or the any_model.RowError its row failed with).
+
+    Both engines call this, so every kind of model only has to offer `predict_rows`. (Not an isinstance test:
+    Beam may hand over a proxy to a model shared between processes.)
     """
-    outputs = model.predict(np.stack(images))
-    return [{k: v[i] for k, v in outputs.items()} for i in range(len(images))]
+    return model.predict_rows(rows)
+
+
+def row_bytes(row: Any) -> int:
+    """A decoded row's size, for the engines' batching statistics."""
+    if isinstance(row, bytes):
+        return len(row)
+    if isinstance(row, dict):
+        return sum(value.nbytes for value in row.values())
+    return row.nbytes
 
 
 # --- decoding, formatting, and a stream of records end to end -----------------------------------------------
+
+class PayloadDecoder:
+    """`(key, payload)` to `(key, row)` for any other SavedModel, with the signature read from saved_model.pb."""
+
+    def __init__(self, info: ModelInfo):
+        self._decode = any_model.RowDecoder(info.mode, read_signatures(info.path)[info.signature])
+
+    def __call__(self, key: Any, payload: Any) -> tuple[Any, Any] | Failure:
+        try:
+            return key, self._decode(payload)
+        except ServingError as error:
+            return Failure.of(key, error)
 
 class ImageDecoder:
     """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it."""
@@ -274,6 +346,10 @@ class ImageDecoder:
             return Failure(key, "INVALID_ARGUMENT", f"cannot decode image: {op_error_message(e.message)}")
 
 
+def make_decoder(info: ModelInfo) -> ImageDecoder | PayloadDecoder:
+    return ImageDecoder(info.height, info.width) if info.mode == IMAGES else PayloadDecoder(info)
+
+
 def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[str, ...], top_k: int) -> dict:
     """One results line; `top_k` adds the best labels in the classify_image response's shape."""
     probabilities = prediction["probabilities"]
@@ -283,6 +359,15 @@ def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[st
         best = np.argsort(-probabilities, kind="stable")[:top_k]
         row["top_k"] = [{"label": labels[i], "score": float(probabilities[i])} for i in best]
     return {"key": key, "prediction": row}
+
+
+def result_line(key: Any, prediction: Any, info: ModelInfo, top_k: int) -> tuple[bool, str]:
+    """One prediction as `(is_result, json_line)`: a row the model refused is an error line like any other."""
+    if isinstance(prediction, any_model.RowError):
+        return False, Failure(key, prediction.status, prediction.message).to_json()
+    if info.mode == IMAGES:
+        return True, json.dumps(prediction_row(key, prediction, info.labels, top_k))
+    return True, json.dumps({"key": key, any_model.RESULT_FIELD[info.mode]: prediction})
 
 
 @dataclass
@@ -302,20 +387,20 @@ class Counts:
 
 @dataclass
 class Scorer:
-    """Records or failures in, `(is_result, json_line)` out, `batch_size` decoded images per model call.
+    """Records or failures in, `(is_result, json_line)` out, `batch_size` decoded rows per model call.
 
-    Memory stays at one batch of decoded images whatever the stream's length, since lines leave as soon as
+    Memory stays at one batch of decoded rows whatever the stream's length, since lines leave as soon as
     their batch is done.
     """
 
-    decoder: ImageDecoder
-    model: StaticBatchClassifier
-    labels: tuple[str, ...]
+    decoder: ImageDecoder | PayloadDecoder
+    model: BatchModel
+    info: ModelInfo
     top_k: int
     counts: Counts = field(default_factory=Counts)
 
     def score(self, items: Iterable[Record | Failure]) -> Iterator[tuple[bool, str]]:
-        pending: list[tuple[Any, np.ndarray]] = []
+        pending: list[tuple[Any, Any]] = []
         for item in items:
             self.counts.read += 1
             decoded = item if isinstance(item, Failure) else self.decoder(*item)
@@ -330,13 +415,17 @@ class Scorer:
         if pending:
             yield from self._flush(pending)
 
-    def _flush(self, pending: list[tuple[Any, np.ndarray]]) -> Iterator[tuple[bool, str]]:
-        predictions = predict_batch(self.model, [image for _, image in pending])
+    def _flush(self, pending: list[tuple[Any, Any]]) -> Iterator[tuple[bool, str]]:
+        predictions = predict_batch(self.model, [row for _, row in pending])
         self.counts.batches += 1
         self.counts.padded += self.model.batch_size - len(pending)
-        self.counts.predicted += len(pending)
         for (key, _), prediction in zip(pending, predictions):
-            yield True, json.dumps(prediction_row(key, prediction, self.labels, self.top_k))
+            is_result, line = result_line(key, prediction, self.info, self.top_k)
+            if is_result:
+                self.counts.predicted += 1
+            else:
+                self.counts.failed += 1
+            yield is_result, line
 
 
 # --- the job around the records -----------------------------------------------------------------------------

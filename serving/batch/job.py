@@ -14,7 +14,6 @@ or Spark. `--engine=spark` runs the same records through the same core as a plai
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from serving.batch import core
 from serving.batch.cli import add_job_flags, check_job_flags, run_and_report
-from serving.batch.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ImageDecoder, ModelInfo, read_model_info
+from serving.batch.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo, read_model_info
 from serving.batch.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch.sources import FAILED, ReadRecords
 from training import PROGRESS_LOGGER
@@ -73,13 +72,14 @@ def stamp_work() -> None:
 
 
 class DecodeImages(beam.DoFn):
-    """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it."""
+    """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it (any
+    other SavedModel: `(key, payload)` to the row its signature takes)."""
 
-    def __init__(self, height: int, width: int):
-        self._size = (height, width)
+    def __init__(self, info: ModelInfo):
+        self._info = info
 
     def setup(self) -> None:
-        self._decode = ImageDecoder(*self._size)
+        self._decode = core.make_decoder(self._info)
 
     def process(self, record: tuple[Any, bytes]) -> Iterator[Any]:
         stamp_work()
@@ -90,8 +90,8 @@ class DecodeImages(beam.DoFn):
 class FormatRows(beam.DoFn):
     """Predictions and failures to JSON lines, counted; each worker logs its progress now and then."""
 
-    def __init__(self, labels: tuple[str, ...], top_k: int):
-        self._labels = labels
+    def __init__(self, info: ModelInfo, top_k: int):
+        self._info = info
         self._top_k = top_k
 
     def setup(self) -> None:
@@ -99,12 +99,10 @@ class FormatRows(beam.DoFn):
         self._started = self._logged = time.monotonic()
 
     def process(self, element: Any) -> Iterator[Any]:
-        if isinstance(element, Failure):
-            Metrics.counter(METRICS_NAMESPACE, "failed").inc()
-            yield beam.pvalue.TaggedOutput(ERRORS, element.to_json())
-        else:
-            Metrics.counter(METRICS_NAMESPACE, "predicted").inc()
-            yield json.dumps(core.prediction_row(*element, self._labels, self._top_k))
+        is_result, line = ((False, element.to_json()) if isinstance(element, Failure)
+                           else core.result_line(*element, self._info, self._top_k))
+        Metrics.counter(METRICS_NAMESPACE, "predicted" if is_result else "failed").inc()
+        yield line if is_result else beam.pvalue.TaggedOutput(ERRORS, line)
         stamp_work()
         self._done += 1
         now = time.monotonic()
@@ -116,13 +114,13 @@ class FormatRows(beam.DoFn):
 
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: ModelInfo) -> None:
     """read -> decode on the host -> RunInference on static batches -> sharded JSON Lines."""
-    records, read_failures = pipeline | "Read" >> ReadRecords(args.input, args.input_format)
-    decoded = records | "Decode" >> beam.ParDo(DecodeImages(info.height, info.width)).with_outputs(
+    records, read_failures = pipeline | "Read" >> ReadRecords(args.input, args.input_format, info.mode)
+    decoded = records | "Decode" >> beam.ParDo(DecodeImages(info)).with_outputs(
         FAILED, main="images")
     handler = KeyedModelHandler(SavedModelHandler(info, args.batch_size, args.use_tpu, args.tpu))
     predictions = decoded.images | "Predict" >> RunInference(handler)
     rows = ((predictions, read_failures, decoded[FAILED]) | "Gather" >> beam.Flatten()
-            | "Format" >> beam.ParDo(FormatRows(info.labels, args.top_k)).with_outputs(ERRORS, main="results"))
+            | "Format" >> beam.ParDo(FormatRows(info, args.top_k)).with_outputs(ERRORS, main="results"))
     output = args.output_dir.rstrip("/")
     rows.results | "WriteResults" >> beam.io.WriteToText(FileSystems.join(output, RESULTS_PREFIX))
     rows[ERRORS] | "WriteErrors" >> beam.io.WriteToText(FileSystems.join(output, ERRORS_PREFIX), num_shards=1)
@@ -152,7 +150,7 @@ def job_metrics(result: beam.runners.runner.PipelineResult) -> tuple[dict[str, i
 
 def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     """Runs the job to completion and returns the summary; `complete` says rows in = results + errors."""
-    info = read_model_info(args.model_dir)
+    info = read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
     check_inputs(args.input, args.input_format)
     core.prepare_output_dir(args.output_dir, args.overwrite, _match, FileSystems.delete)
     logger.info("batch job starting", extra={"fields": {

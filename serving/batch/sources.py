@@ -43,18 +43,25 @@ class ParseFileList(beam.DoFn):
 
 
 class ReadTFRecordFile(beam.DoFn):
-    """Every tf.train.Example in one TFRecord file to `(key, image/encoded)`."""
+    """Every tf.train.Example in one TFRecord file to `(key, image/encoded)` (other modes: the example)."""
+
+    def __init__(self, mode: str):
+        self._mode = mode
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in core.read_tfrecord_file(path):
+        for item in core.read_tfrecord_file(path, self._mode):
             yield _counted(item)
 
 
 class ReadJsonLinesFile(beam.DoFn):
-    """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`."""
+    """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)` (other modes: their
+    payloads)."""
+
+    def __init__(self, mode: str):
+        self._mode = mode
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in core.read_jsonl_file(path, FileSystems.open):
+        for item in core.read_jsonl_file(path, FileSystems.open, self._mode):
             yield _counted(item)
 
 
@@ -65,12 +72,13 @@ class ReadRecords(beam.PTransform):
     are small), after reading for record files (one file may hold many images).
     """
 
-    def __init__(self, pattern: str, input_format: str):
+    def __init__(self, pattern: str, input_format: str, mode: str = core.IMAGES):
         super().__init__()
         if input_format not in FORMATS:
             raise ValueError(f"--input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
         self._pattern = pattern
         self._format = input_format
+        self._mode = mode
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> tuple[beam.PCollection, beam.PCollection]:
         if self._format == "filelist":
@@ -83,6 +91,6 @@ class ReadRecords(beam.PTransform):
             outputs = (paths | "SpreadPaths" >> beam.Reshuffle()
                        | "ReadFiles" >> beam.ParDo(ReadFiles()).with_outputs(FAILED, main="records"))
             return outputs.records, outputs[FAILED]
-        reader = ReadTFRecordFile() if self._format == "tfrecord" else ReadJsonLinesFile()
+        reader = ReadTFRecordFile(self._mode) if self._format == "tfrecord" else ReadJsonLinesFile(self._mode)
         outputs = paths | "ReadRecords" >> beam.ParDo(reader).with_outputs(FAILED, main="records")
         return outputs.records | "SpreadRecords" >> beam.Reshuffle(), outputs[FAILED]

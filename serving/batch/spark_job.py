@@ -117,18 +117,18 @@ def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tupl
     return [paths[i * rows_per_partition:(i + 1) * rows_per_partition] for i in range(count)], len(paths)
 
 
-def _read(input_format: str, unit: Any) -> Iterator[core.Record | core.Failure]:
+def _read(input_format: str, mode: str, unit: Any) -> Iterator[core.Record | core.Failure]:
     if input_format == "tfrecord":
-        return core.read_tfrecord_file(unit)
+        return core.read_tfrecord_file(unit, mode)
     if input_format == "jsonl":
-        return core.read_jsonl_file(unit, _open)
+        return core.read_jsonl_file(unit, _open, mode)
     return (core.read_file(path, _open) for path in unit)
 
 
-_models: dict[tuple, tuple[core.StaticBatchClassifier, core.ImageDecoder]] = {}
+_models: dict[tuple, tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]] = {}
 
 
-def _model(job: PartitionJob) -> tuple[core.StaticBatchClassifier, core.ImageDecoder]:
+def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]:
     """The model and decoder of this executor Python worker, loaded by its first task and kept for the others.
 
     TensorFlow's pools can only be sized before its runtime starts, so the first task sizes them to the cores
@@ -140,8 +140,7 @@ def _model(job: PartitionJob) -> tuple[core.StaticBatchClassifier, core.ImageDec
             cpus = TaskContext.get().cpus()
             tf.config.threading.set_intra_op_parallelism_threads(cpus)
             tf.config.threading.set_inter_op_parallelism_threads(cpus)
-        _models[key] = (core.StaticBatchClassifier(job.info, job.batch_size, job.use_tpu, job.tpu),
-                        core.ImageDecoder(job.info.height, job.info.width))
+        _models[key] = (core.load_model(job.info, job.batch_size, job.use_tpu, job.tpu), core.make_decoder(job.info))
     return _models[key]
 
 
@@ -153,12 +152,12 @@ def score_partition(job: PartitionJob, index: int, units: Iterator[Any]) -> Iter
     and the model's loading out."""
     model, decoder = _model(job)
     started = time.time()
-    scorer = core.Scorer(decoder, model, job.info.labels, job.top_k)
+    scorer = core.Scorer(decoder, model, job.info, job.top_k)
     attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{TaskContext.get().taskAttemptId()}")
     with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
         for out in (results, errors):
             out.write("")  # GFile creates its file on the first write, and an empty shard must exist too
-        for is_result, line in scorer.score(chain.from_iterable(_read(job.input_format, u) for u in units)):
+        for is_result, line in scorer.score(chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)):
             (results if is_result else errors).write(line + "\n")
     tf.io.gfile.rename(f"{attempt}.errors", job.errors_part(index), overwrite=True)
     tf.io.gfile.rename(f"{attempt}.results", job.results_path(index), overwrite=True)
@@ -208,7 +207,7 @@ def log_progress(spark: SparkSession, partitions: int, done: threading.Event) ->
 
 def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str, Any]:
     """Runs the job to completion on `spark` (or a session of its own) and returns the summary."""
-    info = core.read_model_info(args.model_dir)
+    info = core.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
     units, paths = list_units(args.input, args.input_format, args.rows_per_partition)
     core.prepare_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob,
                             lambda old: [tf.io.gfile.remove(p) for p in old])
