@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import struct
 import threading
 import time
 
@@ -16,6 +17,7 @@ from serving.config import ServerOptions, parse_args, resolve_memory_budget
 from serving.core import Code, Core, ServingError
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.app import create_app
 
 PREDICT = "/v1/models/flowers:predict"
@@ -178,4 +180,19 @@ def test_errors_and_multipart_give_the_budget_back(client, core):
     assert response.status_code == 200, response.get_data(as_text=True)
     assert client.post("/v1/models/nope:predict", data=predict_body(), content_type="application/json"
                        ).status_code == 404
+    assert core.memory.held == 0
+
+
+def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_are_decoded(client, core):
+    """Two-byte BYTES elements are 6 bytes on the wire and about 40 decoded: the hold grows by the objects before
+    the body is split into them, so a body well inside the budget that would decode past it is a 413."""
+    count = core.memory.body_limit // STRING_ELEMENT_BYTES + 1
+    raw = b"".join(struct.pack("<I", 2) + b"ab" for _ in range(count))
+    assert len(raw) * BODY_BYTES_FACTOR < core.memory.body_limit, "the body alone fits"
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [count], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    response = client.post("/v2/models/flowers/infer", data=header + raw,
+                           headers={"Inference-Header-Content-Length": str(len(header))},
+                           content_type="application/octet-stream")
+    assert "memory budget" in refused(response, 413)
     assert core.memory.held == 0

@@ -17,10 +17,10 @@ import flask
 import numpy as np
 
 from serving.core import Code, Core, ServingError, invalid, not_found
-from serving.protocols import v2
+from serving.protocols import admission, v2
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
                                         parse_version, request_body, string_field)
-from serving.protocols.tensor_proto import element_count
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES, element_count
 from serving.protocols.v2 import NUMPY_TYPES
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -65,6 +65,9 @@ def decode_raw(raw: bytes, name: str, datatype: str, shape: list[int], count: in
     """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
     array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
     if datatype == "BYTES":
+        # Each element becomes an object many times its 4-byte prefix and few bytes: a REST request's hold on the
+        # memory budget grows by that before it is decoded (gRPC bounds the same by its message limit).
+        admission.charge(count * STRING_ELEMENT_BYTES)
         return np.array(decode_length_prefixed(raw, name, count), dtype=object)
     dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
