@@ -20,7 +20,10 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from serving.core import Core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
@@ -123,6 +126,22 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
                 proc.wait()
         log_file.close()
         os.unlink(log_file.name)
+
+
+@contextmanager
+def in_process_core(**options: object) -> Iterator["Core"]:
+    """A real Core in this process, its models loaded (no server, no polling): the in-process tests of every
+    protocol call it through Flask's test client or a gRPC servicer."""
+    from serving.config import ServerOptions
+    from serving.core import Core
+
+    core = Core.create(ServerOptions(file_system_poll_wait_seconds=0, **options))
+    try:
+        core.wait_loaded()
+        assert core.ready(), "the models did not load"
+        yield core
+    finally:
+        core.close()
 
 
 def jpeg(size: int = IMAGE_SIZE, seed: int = 0, quality: int = 90) -> bytes:

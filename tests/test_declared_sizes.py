@@ -11,10 +11,8 @@ import time
 import tracemalloc
 
 import pytest
-from server_harness import jpeg, tiny_model_base
+from server_harness import in_process_core, jpeg, tiny_model_base
 
-from serving.config import ServerOptions
-from serving.core import Core
 from serving.protocols.app import create_app
 
 INFER = "/v2/models/flowers/infer"
@@ -27,12 +25,8 @@ def client(tmp_path_factory):
     config = tmp_path_factory.mktemp("sizes") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" } }')
-    core = Core.create(ServerOptions(model_config_file=str(config), file_system_poll_wait_seconds=0))
-    try:
-        core.wait_loaded()
+    with in_process_core(model_config_file=str(config)) as core:
         yield create_app(core).test_client()
-    finally:
-        core.close()
 
 
 def binary(spec: dict, tail: bytes) -> dict:

@@ -19,11 +19,10 @@ import zlib
 import numpy as np
 import pytest
 from openapi_spec_validator import validate as validate_openapi
-from server_harness import LABELS, b64, tiny_model_base
+from server_harness import LABELS, b64, in_process_core, tiny_model_base
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from serving.config import ServerOptions
-from serving.core import Code, Core, ServingError
+from serving.core import Code, ServingError
 from serving.protocols import httputil, web
 from serving.protocols.app import create_app
 from serving.protocols.openapi import contract
@@ -48,15 +47,9 @@ def core(tmp_path_factory):
     config = tmp_path_factory.mktemp("inprocess") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    core = Core.create(ServerOptions(model_config_file=str(config), file_system_poll_wait_seconds=0,
-                                     max_request_bytes=MAX_REQUEST_BYTES, max_image_pixels=MAX_IMAGE_PIXELS,
-                                     rest_api_timeout_in_ms=10_000))
-    try:
-        core.wait_loaded()
-        assert core.ready(), "the tiny model did not load"
+    with in_process_core(model_config_file=str(config), max_request_bytes=MAX_REQUEST_BYTES,
+                         max_image_pixels=MAX_IMAGE_PIXELS, rest_api_timeout_in_ms=10_000) as core:
         yield core
-    finally:
-        core.close()
 
 
 @pytest.fixture(scope="module")

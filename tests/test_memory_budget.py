@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-from server_harness import b64, jpeg, tiny_model_base
+from server_harness import b64, in_process_core, jpeg, tiny_model_base
 
 from serving.config import ServerOptions, parse_args, resolve_memory_budget
-from serving.core import Code, Core, ServingError
+from serving.core import Code, ServingError
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
 from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
@@ -85,15 +85,9 @@ def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
 
 @pytest.fixture(scope="module")
 def core():
-    core = Core.create(ServerOptions(model_base_path=tiny_model_base(), file_system_poll_wait_seconds=0,
-                                     memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS,
-                                     max_image_pixels=PIXELS, rest_api_timeout_in_ms=10_000))
-    try:
-        core.wait_loaded()
-        assert core.ready(), "the tiny model did not load"
+    with in_process_core(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET,
+                         max_inflight_pixels=PIXELS, max_image_pixels=PIXELS, rest_api_timeout_in_ms=10_000) as core:
         yield core
-    finally:
-        core.close()
 
 
 @pytest.fixture(scope="module")
