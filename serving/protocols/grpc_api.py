@@ -11,6 +11,7 @@ writes the access log; --ssl_config_file puts the port behind TLS.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent import futures
 from typing import Any, Callable, Iterator
@@ -29,7 +30,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.memory import BODY_BYTES_FACTOR
 from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
-                          invalid)
+                          deadline_exceeded, invalid)
 from serving import threads
 from serving.protocols import access_log, auth, tensor_proto, unix_socket
 
@@ -132,14 +133,11 @@ def inference_result(model: str, version: int, result: Result) -> inference_pb2.
 
 
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line. The request,
-    already deserialized, holds its share of the worker's memory budget while it runs (UNAVAILABLE when full, as
-    TF Serving answers a full batch queue: a retryable overload, not a client's quota). What grpcio holds before any
-    handler runs, each message received (up to --grpc_max_message_bytes) and parsed, is outside the budget."""
+    """Turn ServingError into its gRPC status, and anything unexpected into INTERNAL with a log line. (The request
+    holds its share of the memory budget from before it was parsed: `Gate`.)"""
     def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            with self.core.memory.hold(request.ByteSize() * BODY_BYTES_FACTOR):
-                return method(self, request, context)
+            return method(self, request, context)
         except ServingError as err:
             context.abort(GRPC_STATUS[err.code], err.message)
         except Exception as exc:
@@ -284,46 +282,113 @@ class HealthService(health_pb2_grpc.HealthServicer):
             time.sleep(HEALTH_WATCH_PERIOD_S)
 
 
-class Gate(grpc.ServerInterceptor):
-    """Every call but a health check passes auth first (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log,
-    every call leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
-    (ModelStreamInfer) answers UNIMPLEMENTED."""
+class Received:
+    """A request message as `Gate`'s deserializer leaves it: parsed and holding its share of the memory budget, or
+    refused (`error`) unparsed. A call grpcio drops before its handler runs gives its share back with this object."""
+    __slots__ = ("request", "hold", "error", "nbytes")
 
-    def __init__(self, authenticator: auth.Authenticator, log_requests: bool) -> None:
+    def __init__(self, nbytes: int, request: Any = None, hold: Any = None, error: ServingError | None = None):
+        self.nbytes, self.request, self.hold, self.error = nbytes, request, hold, error
+
+    def __del__(self) -> None:
+        if self.hold is not None:
+            self.hold.release()
+
+
+class Gate(grpc.ServerInterceptor):
+    """Every unary call's message is charged to the worker's memory budget as grpcio hands it over, before it is
+    parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the budget is full the call
+    is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable overload, not a client's quota)
+    without a parsed copy ever being made. grpcio would receive every call's message at once, each in full, before
+    any of them could be refused, so unary calls are served as stream-unary ones, which receive their message only
+    when asked: at most `receivers` messages are being received at a time (the others wait, their streams held to
+    HTTP/2's initial window with BDP probing off, see `start`), and each receive first reserves `reserve` bytes (the
+    largest message) of the budget, so a call the budget has no room for is refused before its message is read. Every call but a health check passes auth
+    (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log, every call leaves a line. Only unary calls are gated:
+    TF Serving's services have no others, and V2's one stream (ModelStreamInfer) answers UNIMPLEMENTED."""
+
+    def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
+                 receivers: int, reserve: int) -> None:
         self.authenticator = authenticator
         self.log_requests = log_requests
+        self.hold = hold  # the worker's MemoryBudget.hold
+        self.receiving = threading.BoundedSemaphore(receivers)
+        self.reserve = reserve
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE) \
-                or details.method in OPEN_METHODS:
+        if handler is None or handler.unary_unary is None:
             return handler
+        open_call = details.method.startswith(OPEN_SERVICE) or details.method in OPEN_METHODS
         metadata = dict(details.invocation_metadata or ())
         needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
-        behavior = handler.unary_unary
+        behavior, parse = handler.unary_unary, handler.request_deserializer
+        reserved: list[Any] = []  # this call's reservation while it receives, replaced by its hold once received
 
-        def gated(request: Any, context: grpc.ServicerContext) -> Any:
+        def deserialize(data: bytes) -> Received:
+            """Runs on grpcio's one polling thread, as each message is complete."""
+            for reservation in reserved:
+                reservation.release()
             try:
-                self.authenticator.check(metadata.get("authorization"), needs)
+                hold = self.hold(len(data) * BODY_BYTES_FACTOR)
+            except ServingError as err:
+                return Received(len(data), error=err)
+            try:
+                return Received(len(data), parse(data), hold)
+            except BaseException:
+                hold.release()
+                raise
+
+        def gated(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
+            try:
+                received = self.receive(messages, context, reserved)
+                if not open_call:
+                    self.authenticator.check(metadata.get("authorization"), needs)
+                if received.error is not None:
+                    raise received.error
             except ServingError as err:
                 context.abort(GRPC_STATUS[err.code], err.message)
-            return behavior(request, context)
+            with received.hold:
+                return behavior(received.request, context)
 
-        call = self.logged(gated, details.method, metadata) if self.log_requests else gated
-        return grpc.unary_unary_rpc_method_handler(call, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+        call = self.logged(gated, details.method, metadata) if self.log_requests and not open_call else gated
+        return grpc.stream_unary_rpc_method_handler(call, request_deserializer=deserialize,
+                                                    response_serializer=handler.response_serializer)
+
+    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, reserved: list[Any]) -> Received:
+        """The call's one message, received while holding one of the `receivers` slots and a reservation (which the
+        deserializer gives back before it charges the message; UNAVAILABLE when the budget has no room for it)."""
+        if not self.receiving.acquire(timeout=context.time_remaining()):
+            raise deadline_exceeded("Deadline exceeded waiting to receive the request")
+        try:
+            reserved.append(self.hold(self.reserve))
+            received = next(messages, None)
+        finally:
+            for reservation in reserved:
+                reservation.release()
+            self.receiving.release()
+        if received is None:
+            raise invalid("A unary method requires exactly one request message")
+        return received
 
     @staticmethod
     def logged(behavior: Callable[..., Any], method: str, metadata: dict[str, str]) -> Callable[..., Any]:
         request_id = access_log.request_id(metadata.get(access_log.HEADER.lower()))
 
-        def call(request: Any, context: grpc.ServicerContext) -> Any:
-            started, response = time.perf_counter(), None
+        def call(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
+            started, response, seen = time.perf_counter(), None, []
+
+            def noted() -> Iterator[Received]:
+                for message in messages:
+                    seen.append(message)
+                    yield message
             context.send_initial_metadata(((access_log.HEADER.lower(), request_id),))
             try:
-                response = behavior(request, context)
+                response = behavior(noted(), context)
                 return response
             finally:
+                received = seen[0] if seen else Received(0)  # none came: the call failed before its message
+                request = received.request
                 spec = getattr(request, "model_spec", None)
                 version = spec.version.value if spec is not None and spec.HasField("version") else None
                 model = spec.name if spec is not None else getattr(request, "model_name", None)  # V2 names it so
@@ -331,10 +396,17 @@ class Gate(grpc.ServerInterceptor):
                                       else getattr(request, "model_version", None))
                 access_log.write(request_id=request_id, protocol="grpc", method="POST", path=method,
                                  model=model or None, version=version or None,
-                                 status=(context.code() or grpc.StatusCode.OK).name, bytes_in=request.ByteSize(),
+                                 status=(context.code() or grpc.StatusCode.OK).name, bytes_in=received.nbytes,
                                  bytes_out=response.ByteSize() if response is not None else 0,
                                  remote=context.peer(), latency_ms=round(1000 * (time.perf_counter() - started), 3))
         return call
+
+
+def receivers(body_limit: int, o: ServerOptions) -> int:
+    """How many messages a worker receives at once: as many of the largest as half its budget's body share holds
+    (at least one), so that receiving leaves the other half to the requests being served; without a budget, one a
+    gRPC thread."""
+    return max(1, body_limit // (2 * o.grpc_max_message_bytes)) if body_limit > 0 else o.grpc_max_threads
 
 
 def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
@@ -355,13 +427,14 @@ def start(core: Core) -> grpc.Server | None:
         addresses.append(f"unix:{o.grpc_socket_path}")
     if not addresses:
         return None
-    options = [("grpc.so_reuseport", 1),
+    options = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
                ("grpc.max_receive_message_length", o.grpc_max_message_bytes),
                ("grpc.max_send_message_length", o.grpc_max_message_bytes)]
     options += parse_channel_arguments(o.grpc_channel_arguments)
     if o.access_log:
         access_log.enable()
-    gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log)
+    gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log, core.memory.hold,
+                receivers(core.memory.body_limit, o), min(o.grpc_max_message_bytes, core.memory.body_limit))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
                          options=options, interceptors=[gate])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
