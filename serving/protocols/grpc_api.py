@@ -30,7 +30,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.memory import BODY_BYTES_FACTOR
 from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
-                          deadline_exceeded, invalid)
+                          deadline_exceeded, invalid, unavailable)
 from serving import threads
 from serving.protocols import access_log, auth, tensor_proto, unix_socket
 
@@ -303,23 +303,28 @@ class Gate(grpc.ServerInterceptor):
     any of them could be refused, so unary calls are served as stream-unary ones, which receive their message only
     when asked: at most `receivers` messages are being received at a time (the others wait, their streams held to
     HTTP/2's initial window with BDP probing off, see `start`), and each receive first reserves `reserve` bytes (the
-    largest message) of the budget, so a call the budget has no room for is refused before its message is read. Every call but a health check passes auth
-    (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log, every call leaves a line. Only unary calls are gated:
-    TF Serving's services have no others, and V2's one stream (ModelStreamInfer) answers UNIMPLEMENTED."""
+    largest message) of the budget, so a call the budget has no room for is refused before its message is read. A
+    call waits for a slot at most `receive_wait` seconds (--request_body_timeout, as a REST body) and is then
+    answered UNAVAILABLE, so a client that sends slowly delays the others by at most that. Probes (grpc.health.v1,
+    V2's ServerLive and ServerReady) pass untouched: tiny, open to all, and never to be refused by a busy budget.
+    Every other call passes auth (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log, every call leaves a line.
+    Only unary calls are gated: TF Serving's services have no others, and V2's one stream (ModelStreamInfer)
+    answers UNIMPLEMENTED."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
-                 receivers: int, reserve: int) -> None:
+                 receivers: int, reserve: int, receive_wait: float) -> None:
         self.authenticator = authenticator
         self.log_requests = log_requests
         self.hold = hold  # the worker's MemoryBudget.hold
         self.receiving = threading.BoundedSemaphore(receivers)
         self.reserve = reserve
+        self.receive_wait = receive_wait
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE) \
+                or details.method in OPEN_METHODS:
             return handler
-        open_call = details.method.startswith(OPEN_SERVICE) or details.method in OPEN_METHODS
         metadata = dict(details.invocation_metadata or ())
         needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
         behavior, parse = handler.unary_unary, handler.request_deserializer
@@ -342,8 +347,7 @@ class Gate(grpc.ServerInterceptor):
         def gated(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
             try:
                 received = self.receive(messages, context, reserved)
-                if not open_call:
-                    self.authenticator.check(metadata.get("authorization"), needs)
+                self.authenticator.check(metadata.get("authorization"), needs)
                 if received.error is not None:
                     raise received.error
             except ServingError as err:
@@ -351,15 +355,19 @@ class Gate(grpc.ServerInterceptor):
             with received.hold:
                 return behavior(received.request, context)
 
-        call = self.logged(gated, details.method, metadata) if self.log_requests and not open_call else gated
+        call = self.logged(gated, details.method, metadata) if self.log_requests else gated
         return grpc.stream_unary_rpc_method_handler(call, request_deserializer=deserialize,
                                                     response_serializer=handler.response_serializer)
 
     def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, reserved: list[Any]) -> Received:
         """The call's one message, received while holding one of the `receivers` slots and a reservation (which the
         deserializer gives back before it charges the message; UNAVAILABLE when the budget has no room for it)."""
-        if not self.receiving.acquire(timeout=context.time_remaining()):
-            raise deadline_exceeded("Deadline exceeded waiting to receive the request")
+        remaining = threads.timeout_until(deadline_of(context))
+        if not self.receiving.acquire(timeout=self.receive_wait if remaining is None else
+                                      min(remaining, self.receive_wait)):
+            if remaining is not None and remaining <= self.receive_wait:
+                raise deadline_exceeded("Deadline exceeded waiting to receive the request")
+            raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
         try:
             reserved.append(self.hold(self.reserve))
             received = next(messages, None)
@@ -434,7 +442,8 @@ def start(core: Core) -> grpc.Server | None:
     if o.access_log:
         access_log.enable()
     gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log, core.memory.hold,
-                receivers(core.memory.body_limit, o), min(o.grpc_max_message_bytes, core.memory.body_limit))
+                receivers(core.memory.body_limit, o), min(o.grpc_max_message_bytes, core.memory.body_limit),
+                o.request_body_timeout)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
                          options=options, interceptors=[gate])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
