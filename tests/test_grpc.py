@@ -173,6 +173,20 @@ def test_deadline_exceeded_on_the_server(predict_stub, images, server):
     assert 'status="DEADLINE_EXCEEDED"' in metrics
 
 
+def test_bytes_that_are_no_message_are_invalid_argument_not_internal(channel, predict_stub, images):
+    """A client that sends garbage (not a PredictRequest) gets INVALID_ARGUMENT, where grpcio's own deserializer
+    answers INTERNAL "Exception deserializing request!"; the server keeps serving."""
+    raw_predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
+                                      request_serializer=lambda data: data, response_deserializer=lambda data: data)
+    with pytest.raises(grpc.RpcError) as error:
+        raw_predict(b"\xff\xff\xff\xff not a protobuf", timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    assert "not a valid message" in error.value.details()
+    request = predict_pb2.PredictRequest(model_spec={"name": "flowers"})
+    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images[:1]))
+    assert predict_stub.Predict(request, timeout=30).outputs["probabilities"].tensor_shape.dim[0].size == 1
+
+
 def test_get_model_status(model_stub):
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = "flowers"

@@ -340,6 +340,10 @@ class Gate(grpc.ServerInterceptor):
                 return Received(len(data), error=err)
             try:
                 return Received(len(data), parse(data), hold)
+            except Exception as exc:  # bytes that are not the method's message: the client's fault, never INTERNAL
+                hold.release()
+                return Received(len(data), error=invalid(f"The request is not a valid message for this method: "
+                                                         f"{type(exc).__name__}"))
             except BaseException:
                 hold.release()
                 raise
