@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         compatible.add_argument(f"--{unimplemented.name}", default=None, help=unimplemented.why,
                                 **kinds[unimplemented.kind])
     flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the MetaGraph to load")
-    flag("--prefer_tflite_model", default=False, help="serve a version's model.tflite when it has one", **boolean)
+    flag("--prefer_tflite_model", default=d.prefer_tflite_model, help="serve a version's model.tflite when it has one", **boolean)
     return parser
 
 

@@ -64,17 +64,13 @@ def typed_inputs(protos: Any, arrays: dict[str, np.ndarray]) -> Callable[[Signat
     name order, as serving/core/loaders.py feeds them."""
     def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
         for i, name in enumerate(sorted(info.inputs)):
-            have = _dtype_name(protos[name].dtype) if name in protos else info.inputs[name].dtype
+            # decode_inputs has refused every dtype Petal does not serve, so each one here is a Kind
+            have = tensor_proto.KINDS[protos[name].dtype].name if name in protos else info.inputs[name].dtype
             if have != info.inputs[name].dtype:
                 raise invalid(f"Expects arg[{i}] to be {_dtype_string(info.inputs[name].dtype)} but "
                               f"{_dtype_string(have)} is provided")
         return arrays
     return inputs
-
-
-def _dtype_name(number: int) -> str:
-    """A TensorProto's dtype by name; a number that names none (proto3 enums are open) stays a number."""
-    return types_pb2.DataType.Name(number) if number in types_pb2.DataType.values() else str(number)
 
 
 def _dtype_string(name: str) -> str:

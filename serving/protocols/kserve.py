@@ -20,7 +20,7 @@ from serving.core import Code, Core, ServingError, invalid, not_found
 from serving.protocols import admission, v2
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
                                         parse_version, request_body, string_field)
-from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES, element_count
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.v2 import NUMPY_TYPES
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -86,10 +86,8 @@ def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default:
     name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
     if not isinstance(name, str) or not isinstance(shape, list) or not all(is_json_int(d) and d >= 0 for d in shape):
         raise invalid(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
-    if datatype != "BYTES" and datatype not in NUMPY_TYPES:
-        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
+    count = v2.declared_count(name, datatype, shape)
     parameters = object_field(spec, "parameters", f"Input {name!r}: ")
-    count = element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
         if not is_json_int(size) or size < 0 or offset + size > len(tail):

@@ -23,7 +23,7 @@ from serving.protocols import v2
 from serving.protocols.grpc_api import deadline_of, rpc
 from serving.protocols.httputil import parse_version
 from serving.protocols.kserve import binary_data, classification, datatype_of, decode_raw
-from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES, element_count
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
 
 SERVICE = "/inference.GRPCInferenceService/"
 # The typed InferTensorContents field of each datatype; FP16 has none, it travels raw only.
@@ -36,14 +36,6 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 def version_of(text: str) -> int | None:
     """A V2 model_version: empty means the latest."""
     return parse_version(text or None)
-
-
-def declared_count(tensor: Any) -> int:
-    """The elements an input's datatype and shape declare, checked before anything is allocated."""
-    if tensor.datatype not in CONTENTS and tensor.datatype not in v2.NUMPY_TYPES:
-        raise invalid(f"Input {tensor.name!r}: unsupported datatype {tensor.datatype!r}")
-    return element_count(tensor.name, list(tensor.shape),
-                         np.dtype(v2.NUMPY_TYPES.get(tensor.datatype, object)).itemsize)
 
 
 def decoded_bytes(tensor: Any, count: int, raw: bytes | None) -> int:
@@ -87,7 +79,7 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
         raise invalid(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; it needs one "
                       "per input, in order")
     sent: list[bytes | None] = raw or [None] * len(request.inputs)
-    counts = [declared_count(tensor) for tensor in request.inputs]
+    counts = [v2.declared_count(tensor.name, tensor.datatype, list(tensor.shape)) for tensor in request.inputs]
     total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent))
     if total > limit:
         raise invalid(f"Inputs would decode to {total} bytes, over the {limit}-byte limit (--grpc_max_message_bytes)")

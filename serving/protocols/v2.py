@@ -13,8 +13,9 @@ from typing import Any, Callable
 import flask
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Core, SignatureInfo, TensorInfo
+from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Core, SignatureInfo, TensorInfo, invalid
 from serving.protocols.httputil import parse_version
+from serving.protocols.tensor_proto import element_count
 
 PLATFORM = "tensorflow_savedmodel"
 # TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
@@ -25,6 +26,14 @@ DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_
 NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
 # What the server metadata lists: the V2 extensions Petal serves, by Triton's names.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+
+
+def declared_count(name: str, datatype: str, shape: list[int]) -> int:
+    """The elements a V2 input's datatype and shape declare, checked before anything is allocated (REST and gRPC
+    alike)."""
+    if datatype != "BYTES" and datatype not in NUMPY_TYPES:
+        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
+    return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
 
 
 def served_signature(signatures: dict[str, SignatureInfo]) -> SignatureInfo:
