@@ -11,6 +11,7 @@ digits and reads zero-padded ones too, `00000123`; the path is always the folder
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -54,6 +55,11 @@ class SignatureInfo:
     outputs: dict[str, TensorInfo]
     method_name: str
     defaults: dict[str, object] = field(default_factory=dict)  # TensorProto by input name (TF 2.21's field)
+
+    @functools.cached_property
+    def default_arrays(self) -> dict[str, np.ndarray]:
+        """The defaults as arrays, decoded once: every request that leaves such an input out takes them."""
+        return {name: tf.make_ndarray(proto) for name, proto in self.defaults.items()}
 
 
 # --- layout ---------------------------------------------------------------------------------------------------

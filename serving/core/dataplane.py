@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Union
 
 import numpy as np
-import tensorflow as tf
 from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -85,11 +84,17 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
             array = array.astype(want, copy=False)
     except (TypeError, ValueError) as error:
         raise invalid(f"Input {name!r} expects {info.dtype}: {error}") from None
-    if info.shape is not None and static_shapes:
-        if array.ndim != len(info.shape) or any(want not in (-1, have) for want, have in zip(info.shape, array.shape)):
-            raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
-                          f"{info.shape} (-1 is any size)")
+    if static_shapes:
+        check_shape(name, array, info)
     return array
+
+
+def check_shape(name: str, array: np.ndarray, info: TensorInfo) -> None:
+    """The signature's declared shape, as a model whose functions enforce it (TF2) would refuse the input."""
+    if info.shape is not None and (array.ndim != len(info.shape) or
+                                   any(want not in (-1, have) for want, have in zip(info.shape, array.shape))):
+        raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
+                      f"{info.shape} (-1 is any size)")
 
 
 def _check_output_filter(output_filter: list[str], info: SignatureInfo) -> None:
@@ -184,7 +189,7 @@ class Core:
             for task in tasks:
                 info = infos[task.key]
                 if _image_task(task, info):
-                    images_bytes = np.array(examples.example_images(request_input, IMAGE_INPUT), dtype=object)
+                    images_bytes = np.array(examples.example_images(serialized, IMAGE_INPUT), dtype=object)
                     outputs = self._run_on(servable, task.key, info, {IMAGE_INPUT: images_bytes}, deadline, api)
                     rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.labels, ALL_CLASSES)
                     results.append(examples.Result(task.method, task.key, classifications=rows))
@@ -247,7 +252,7 @@ class Core:
         Inputs batch, as in TF Serving's batching session, when the signature lets dimension 0 vary (-1 or an
         unknown rank) and every input has one; with batching on, inputs that then differ in it are refused with
         TF Serving's message. An input the request leaves out takes the signature's default, if it has one."""
-        inputs = {**{k: tf.make_ndarray(v) for k, v in info.defaults.items() if k not in inputs}, **inputs}
+        inputs = {**{k: v for k, v in info.default_arrays.items() if k not in inputs}, **inputs}
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
         if missing or extra:
@@ -257,14 +262,15 @@ class Core:
                   for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
         batched = bool(arrays) and (not static_shapes or all(t.shape is None or (t.shape and t.shape[0] == -1)
                                                               for t in info.inputs.values()))
+        scalar = any(a.ndim == 0 for a in arrays.values())
+        uneven = not scalar and len({a.shape[0] for a in arrays.values()}) > 1
         if batched and self.batcher.enabled:
-            if any(a.ndim == 0 for a in arrays.values()):
+            if scalar:
                 raise invalid("Batching Run() input tensors must have at least one dimension")
-            if len({a.shape[0] for a in arrays.values()}) > 1:
+            if uneven:
                 raise invalid("Batching Run() input tensors must have equal 0th-dimension size, got "
                               + ", ".join(f"{k}: {a.shape[0]}" for k, a in sorted(arrays.items())))
-        if not batched or any(a.ndim == 0 for a in arrays.values()) or \
-                len({a.shape[0] for a in arrays.values()}) > 1:
+        if not batched or scalar or uneven:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
         rows = next(iter(arrays.values())).shape[0]
         per_row = (p.reshape(rows, math.prod(p.shape[1:])).sum(axis=1) for p in pixels)  # rows may be 0

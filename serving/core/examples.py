@@ -115,11 +115,6 @@ def serialized_examples(request_input: input_pb2.Input) -> np.ndarray:
     return np.array([context + example.SerializeToString() for example in examples], dtype=object)
 
 
-def merged_examples(request_input: input_pb2.Input) -> list[example_pb2.Example]:
-    """Each example with the context's features it does not set itself (what the model parses)."""
-    return [example_pb2.Example.FromString(data) for data in serialized_examples(request_input)]
-
-
 def _debug(value: object) -> str:
     text = json.dumps(value, separators=(",", ":"), default=lambda v: "<bytes>")
     return text[:_DEBUG_BYTES]
@@ -246,11 +241,11 @@ def result(task: Task, outputs: dict[str, np.ndarray], rows: int) -> Result:
     return Result(task.method, task.key, regressions=regressions(outputs, rows))
 
 
-def example_images(request_input: input_pb2.Input, feature: str) -> list[bytes]:
+def example_images(serialized: np.ndarray, feature: str) -> list[bytes]:
     """The encoded image of each example for an image classifier: its one-value bytes feature `feature`, or its
-    only one-value bytes feature (context features included)."""
+    only one-value bytes feature. `serialized` is what serialized_examples made, the context already merged in."""
     images = []
-    for i, example in enumerate(merged_examples(request_input)):
+    for i, example in enumerate(example_pb2.Example.FromString(data) for data in serialized):
         features = {k: f.bytes_list.value for k, f in example.features.feature.items()
                     if f.WhichOneof("kind") == "bytes_list" and len(f.bytes_list.value) == 1}
         value = features.get(feature) or (next(iter(features.values())) if len(features) == 1 else None)

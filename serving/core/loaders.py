@@ -121,6 +121,9 @@ class SessionModel:
         return dict(zip(output_names, values))
 
     def _callable(self, key: str, output_names: tuple[str, ...]):
+        run = self._callables.get((key, output_names))  # built once: later requests take it without the lock
+        if run is not None:
+            return run
         with self._lock:
             run = self._callables.get((key, output_names))
             if run is None:

@@ -46,11 +46,12 @@ class Servable:
         """Call one signature, fetching only `output_names` (all its outputs without); TensorFlow's errors become
         ServingErrors with the same code."""
         outputs = self.signatures[signature_name].outputs
-        names = list(output_names) if output_names else list(outputs)
-        unknown = sorted(set(names) - set(outputs))
+        if not output_names:
+            return self._loaded.run(signature_name, inputs, list(outputs))
+        unknown = sorted(set(output_names) - set(outputs))
         if unknown:
             raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
-        return self._loaded.run(signature_name, inputs, names)
+        return self._loaded.run(signature_name, inputs, list(output_names))
 
     def warmup(self, metrics: Metrics) -> int:
         """Replay the version's warmup requests (Predict, Classify, Regress, MultiInference); a failure fails
