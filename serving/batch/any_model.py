@@ -30,7 +30,7 @@ import numpy as np
 
 from exported_models.model_format import SignatureInfo
 from serving.core import examples
-from serving.core.dataplane import coerce
+from serving.core.dataplane import check_shape, coerce
 from serving.core.errors import ServingError, invalid
 from serving.core.servable import Servable
 from serving.protocols.rest import examples_json, float32_json, predict_inputs, predict_response
@@ -100,14 +100,16 @@ class RowDecoder:
     def __init__(self, method: str, info: SignatureInfo):
         self._method = method
         self._info = info
+        self._names = list(info.inputs)  # what every record is checked against, worked out once
+        self._required = set(info.inputs) - set(info.defaults)
 
     def __call__(self, payload: Any) -> Row:
         if self._method != PREDICT:
             return payload
         inputs = self._info.inputs
-        named = predict_inputs({"instances": [payload]}, list(inputs))
-        unknown = sorted(set(named) - set(inputs))
-        missing = sorted(set(inputs) - set(named) - set(self._info.defaults))
+        named = predict_inputs({"instances": [payload]}, self._names)
+        unknown = sorted(set(named) - inputs.keys())
+        missing = sorted(self._required - set(named))
         if unknown or missing:
             raise invalid(f"instance has inputs {sorted(named)}, the signature takes {sorted(inputs)}")
         return {name: coerce(name, value, inputs[name], static_shapes=False) for name, value in named.items()}
@@ -152,8 +154,8 @@ class SignatureBatchModel:
         if self.servable.static_shapes:  # as the server checks a TF2 signature's shapes, here row by row
             signature = self.servable.signatures[self.signature_name]
             for row in rows:
-                for name, value in row.items():
-                    coerce(name, value, signature.inputs[name])
+                for name, value in row.items():  # converted by RowDecoder already: only the shape is left
+                    check_shape(name, value, signature.inputs[name])
         try:
             inputs = {name: np.concatenate([row[name] for row in padded]) for name in padded[0]}
         except (KeyError, ValueError) as error:  # rows of other inputs or shapes: each one runs alone

@@ -354,7 +354,7 @@ def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[st
     """One results line; `top_k` adds the best labels in the classify_image response's shape."""
     probabilities = prediction["probabilities"]
     row = {"class": str(prediction["class"]), "classid": int(prediction["classid"]),
-           "probabilities": [float(p) for p in probabilities]}
+           "probabilities": probabilities.tolist()}
     if top_k:
         best = np.argsort(-probabilities, kind="stable")[:top_k]
         row["top_k"] = [{"label": labels[i], "score": float(probabilities[i])} for i in best]

@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from serving.batch import core
-from serving.batch.core import FORMATS, Failure, infer_format  # noqa: F401  (the job's names for them)
+from serving.batch.core import FORMATS, Failure
 from serving.batch.model_handler import METRICS_NAMESPACE
 
 FAILED = "failed"
