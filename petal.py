@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that insta
     "export": ("training.export", "train", "export a checkpoint as a SavedModel that takes JPEG bytes"),
     "serve": ("serving.server", "", "serve models over REST and gRPC (tensorflow_model_server flags)"),
     "predict": ("serving.client.cli", "", "classify images in-process or against a server"),
-    "batch": ("serving.batch.cli", "batch", "run a batch prediction job on Apache Beam or Spark"),
+    "batch": ("serving.batch_prediction.cli", "batch", "run a batch prediction job on Apache Beam or Spark"),
     "loadtest": ("load_tests.runner", "loadtest", "run Locust load tests against latency SLOs"),
 }
 # Commands that only load SavedModels, which need no Keras. TensorFlow imports Keras eagerly when it is installed (to

@@ -1,6 +1,6 @@
 """`petal serve`: gunicorn running the Flask app, with gRPC in the same worker processes.
 
-Each worker process is a complete server: it builds one Core (model repository + batcher), serves REST/KServe
+Each worker process is a complete server: it builds one DataPlane (model repository + batcher), serves REST/KServe
 from gunicorn's event loop (serving/gevent_worker.py; `--worker_class=gthread` keeps the older thread per
 connection) and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every protocol batches onto the
 same model copy. TensorFlow is only imported in the workers, after the fork.

@@ -1,4 +1,4 @@
-"""One serving worker process: its TensorFlow thread split, its Core, and the watch on --model_config_file.
+"""One serving worker process: its TensorFlow thread split, its DataPlane, and the watch on --model_config_file.
 
 The gunicorn app (serving/server.py) calls `create_core` once per worker after the fork; everything that needs the
 worker's core later (gRPC, signal handlers) asks `current()`.
@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServerOptions, read_model_config
-from serving.core import Core, ServingError
+from serving.core import DataPlane, ServingError
 from serving.cpus import available_cores
 
 logger = logging.getLogger(__name__)
@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 RELOAD_FILE = "model_config.pbtxt"
 RELOAD_POLL_S = 0.5
 
-_current: Core | None = None
+_current: DataPlane | None = None
 
 
-def current() -> Core:
+def current() -> DataPlane:
     """This process's core (created by `create_core` in the gunicorn worker)."""
     if _current is None:
         raise RuntimeError("no serving core in this process; call create_core first")
@@ -77,7 +77,7 @@ def _start_tensorflow_niced(nice: int) -> None:
     thread.join()
 
 
-def create_core(options: ServerOptions, ports_to_open: int = 0) -> Core:
+def create_core(options: ServerOptions, ports_to_open: int = 0) -> DataPlane:
     """Build this process's core and start loading its models in the background (readiness reports progress);
     it has started once they have loaded and `core.startup` has heard of each port opened.
 
@@ -86,7 +86,7 @@ def create_core(options: ServerOptions, ports_to_open: int = 0) -> Core:
     """
     global _current
     _configure_tensorflow(options)
-    core = Core.create(options, ports_to_open)
+    core = DataPlane.create(options, ports_to_open)
     watched: list[tuple[str, float, bytes]] = []
     if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
         watched.append((options.model_config_file, options.model_config_file_poll_wait_seconds,
@@ -110,7 +110,7 @@ def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> No
     os.replace(staging, path)
 
 
-def _watch_config(core: Core, path: str, seconds: float, last: bytes) -> None:
+def _watch_config(core: DataPlane, path: str, seconds: float, last: bytes) -> None:
     """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one (once)."""
     stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
     while not core.shutting_down and not stop.wait(seconds):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
-    from serving.core import Core
+    from serving.core import DataPlane
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
@@ -129,13 +129,13 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
 
 
 @contextmanager
-def in_process_core(**options: object) -> Iterator["Core"]:
-    """A real Core in this process, its models loaded (no server, no polling): the in-process tests of every
+def in_process_core(**options: object) -> Iterator["DataPlane"]:
+    """A real DataPlane in this process, its models loaded (no server, no polling): the in-process tests of every
     protocol call it through Flask's test client or a gRPC servicer."""
     from serving.config import ServerOptions
-    from serving.core import Core
+    from serving.core import DataPlane
 
-    core = Core.create(ServerOptions(file_system_poll_wait_seconds=0, **options))
+    core = DataPlane.create(ServerOptions(file_system_poll_wait_seconds=0, **options))
     try:
         core.wait_loaded()
         assert core.ready(), "the models did not load"

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from server_harness import b64, run_server
-from serving.batch import job as batch_job
+from serving.batch_prediction import job as batch_job
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from training import synth
 from training.export import export_saved_model
@@ -239,7 +239,7 @@ FOUR_DEVICES = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
     import petal
-    from serving.batch import model_handler
+    from serving.batch_prediction import model_handler
     info = model_handler.read_model_info(sys.argv[1])
     try:
         model_handler.StaticBatchClassifier(info, 6)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
 from server_harness import run_server
-from serving.batch import job as batch_job
+from serving.batch_prediction import job as batch_job
 from test_batch import read_output, run_job
 from test_batch_spark import spark_env
 

@@ -25,8 +25,8 @@ import pyspark
 import pytest
 
 from server_harness import tiny_model_base
-from serving.batch import job as beam_job
-from serving.batch import spark_job
+from serving.batch_prediction import job as beam_job
+from serving.batch_prediction import spark_job
 from test_batch import _jsonl, _tfrecord, assert_nothing_lost, read_output
 from training import synth
 

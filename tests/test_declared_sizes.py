@@ -1,6 +1,6 @@
 """KServe V2 REST requests whose declared sizes (shape, binary_data_size, BYTES length prefixes) are lies: each is a
 400 with a JSON error, answered at once, allocating nothing near what it claims; and shapes no numpy array can have
-are 400s too, not 500s. In-process (Flask's test client over a real Core on the tiny model).
+are 400s too, not 500s. In-process (Flask's test client over a real DataPlane on the tiny model).
 
 The gRPC side is tests/test_tensor_proto.py (the decoder) and tests/test_grpc_fuzz.py (a real server)."""
 from __future__ import annotations

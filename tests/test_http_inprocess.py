@@ -1,4 +1,4 @@
-"""The in-process HTTP tier: Flask's test client over a real serving Core on the tiny test model, without
+"""The in-process HTTP tier: Flask's test client over a real serving DataPlane on the tiny test model, without
 gunicorn or sockets, so the routing, parsing and error edges of TF Serving's REST API (SPEC §1), KServe V2
 (SPEC §6), the probes and the shared HTTP helpers are covered in milliseconds each.
 
@@ -43,7 +43,7 @@ OUTPUTS = {"class", "classid", "probabilities"}
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
-    """One Core serving the tiny model as version 1 with the label "stable", small body and pixel limits."""
+    """One DataPlane serving the tiny model as version 1 with the label "stable", small body and pixel limits."""
     config = tmp_path_factory.mktemp("inprocess") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')

@@ -1,6 +1,6 @@
 """A worker's memory budget (serving/core/budget.py): its two shares, how the flags resolve it, and how an HTTP
 request holds it from before its body is read until it is answered (serving/protocols/admission.py), over a real
-Core on the tiny model through Flask's test client. tests/test_pixel_flood.py floods a real server."""
+DataPlane on the tiny model through Flask's test client. tests/test_pixel_flood.py floods a real server."""
 from __future__ import annotations
 
 import gzip

@@ -180,7 +180,7 @@ def test_unload_waits_for_requests_in_flight(tmp_path):
 
 
 def test_a_stuck_request_holds_an_unload_no_longer_than_the_graceful_timeout(tmp_path):
-    """The drain is --graceful_timeout, not a fixed five minutes (Core passes options.graceful_timeout)."""
+    """The drain is --graceful_timeout, not a fixed five minutes (DataPlane passes options.graceful_timeout)."""
     base = str(tmp_path / "m")
     copy_model(base, 1)
     repo = Repository(config(base), Metrics(), poll_seconds=0, drain_seconds=0.5)

@@ -1,5 +1,5 @@
 """CORS on the APIs (`--cors_allowed_origins`), the web UI's routes and `--disable_web_ui`, and `/petal/models`, in
-process: Flask's test client over a Core whose model has no versions yet, since none of this needs a model to run.
+process: Flask's test client over a DataPlane whose model has no versions yet, since none of this needs a model to run.
 
 A browser decides from these headers alone, so the checks are on the headers: a preflight and an actual request
 from an allowed origin get `Access-Control-Allow-Origin` (error answers too, or the page could not read their
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from serving.config import ServerOptions, parse_args
-from serving.core import Core
+from serving.core import DataPlane
 from serving.protocols.app import create_app
 
 ALLOWED = "https://dashboard.example"
@@ -26,10 +26,10 @@ def core_for(tmp_path_factory):
     config = root / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{root / "flowers"}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    cores: list[Core] = []
+    cores: list[DataPlane] = []
 
-    def make(**options) -> Core:
-        core = Core.create(ServerOptions(model_config_file=str(config), file_system_poll_wait_seconds=0, **options))
+    def make(**options) -> DataPlane:
+        core = DataPlane.create(ServerOptions(model_config_file=str(config), file_system_poll_wait_seconds=0, **options))
         cores.append(core)
         return core
     yield make

@@ -1,6 +1,6 @@
 """The serving core: one per worker process, shared by REST, gRPC and KServe V2.
 
-Protocols are thin adapters: they turn their wire format into numpy arrays and call `Core.predict`; the core
+Protocols are thin adapters: they turn their wire format into numpy arrays and call `DataPlane.predict`; the core
 resolves the servable, validates the inputs against its signature, and hands them to the one dynamic batcher, so
 requests from every protocol batch together on one model copy.
 """
@@ -33,7 +33,7 @@ from serving.core.startup import Startup
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
 ALL_CLASSES = 1 << 30  # Classify on an image signature answers every class
-# Arrays by input name, or a function of the signature that builds them (see Core.predict).
+# Arrays by input name, or a function of the signature that builds them (see DataPlane.predict).
 Inputs = Union[dict[str, np.ndarray], Callable[[SignatureInfo], dict[str, object]]]
 
 NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
@@ -122,7 +122,7 @@ def _to_bytes(value) -> bytes:
 
 
 @dataclass
-class Core:
+class DataPlane:
     """Everything one worker process serves. Methods raise ServingError and are safe to call from any thread."""
     repository: Repository
     batcher: Batcher
@@ -353,7 +353,7 @@ class Core:
         self.batcher.close()
 
     @classmethod
-    def create(cls, options: ServerOptions, ports_to_open: int = 0) -> "Core":
+    def create(cls, options: ServerOptions, ports_to_open: int = 0) -> "DataPlane":
         """A core for these options, its models loading in the background (readiness reports progress). It has
         started once they have loaded and the caller has told `core.startup` of each port it opened."""
         metrics = Metrics()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import flask
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from serving.core import Code, Core, ServingError
+from serving.core import Code, DataPlane, ServingError
 from serving.memory import BODY_BYTES_FACTOR
 
 _HOLD = "memory_hold"
@@ -50,7 +50,7 @@ def charge(nbytes: int) -> None:
         raise
 
 
-def install(app: flask.Flask, core: Core) -> None:
+def install(app: flask.Flask, core: DataPlane) -> None:
     """Admit every request with a body against `core`'s budget (after authentication, if registered before)."""
     budget = core.memory
     if budget.limit <= 0:

@@ -1,5 +1,5 @@
 """The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics, the OpenAPI
-contract (`openapi`) and the web UI, over one Core.
+contract (`openapi`) and the web UI, over one DataPlane.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
@@ -14,7 +14,7 @@ import flask
 from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
-from serving.core import Code, Core, ServingError
+from serving.core import Code, DataPlane, ServingError
 from serving.protocols import access_log, admission, auth, kserve, openapi, rest, v2, web
 from serving.protocols.httputil import error_response, json_response
 
@@ -64,7 +64,7 @@ def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
         return response
 
 
-def create_app(core: Core) -> flask.Flask:
+def create_app(core: DataPlane) -> flask.Flask:
     app = flask.Flask("petal")
     app.config["MAX_CONTENT_LENGTH"] = core.options.max_request_bytes
     app.url_map.converters.update(segment=rest.SegmentConverter)

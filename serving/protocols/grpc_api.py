@@ -1,7 +1,7 @@
-"""TF Serving's gRPC API (PredictionService, ModelService) and grpc.health.v1 over a worker's Core.
+"""TF Serving's gRPC API (PredictionService, ModelService) and grpc.health.v1 over a worker's DataPlane.
 
 Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
-Core (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
+DataPlane (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
 with the workers exactly like REST does and no process ever holds a second copy of a model. With
 --grpc_socket_path one worker's server also listens on that Unix socket (serving/protocols/unix_socket.py), with
 the same TLS, tokens and limits.
@@ -29,7 +29,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 
 from serving.config import ServerOptions, TLSOptions, bind_address
 from serving.memory import BODY_BYTES_FACTOR
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, Core, Result, ServingError, SignatureInfo, Task,
+from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, DataPlane, Result, ServingError, SignatureInfo, Task,
                           deadline_exceeded, invalid, unavailable)
 from serving import threads
 from serving.protocols import access_log, auth, tensor_proto, unix_socket
@@ -83,7 +83,7 @@ def to_tensor_proto(array: np.ndarray) -> Any:
 
 
 def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
-    """The version/label selection of a ModelSpec as Core keyword arguments."""
+    """The version/label selection of a ModelSpec as DataPlane keyword arguments."""
     if not spec.name:
         raise invalid("ModelSpec has no name specified.")  # server_core.cc ServableRequestFromModelSpec
     return {"model": spec.name,
@@ -104,7 +104,7 @@ def resolved_spec(name: str, version: int, signature_name: str) -> model_pb2.Mod
 
 
 def signature_def(info: SignatureInfo) -> meta_graph_pb2.SignatureDef:
-    """Core's SignatureInfo as the SignatureDef proto that GetModelMetadata returns."""
+    """DataPlane's SignatureInfo as the SignatureDef proto that GetModelMetadata returns."""
     def tensor_info(t: Any) -> meta_graph_pb2.TensorInfo:
         shape = (tensor_shape_pb2.TensorShapeProto(unknown_rank=True) if t.shape is None else
                  tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d)
@@ -145,7 +145,7 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: DataPlane) -> None:
         self.core = core
 
     @rpc
@@ -216,7 +216,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: DataPlane) -> None:
         self.core = core
 
     @rpc
@@ -240,13 +240,13 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1 read live from the Core, so it turns NOT_SERVING the moment shutdown begins.
+    """grpc.health.v1 read live from the DataPlane, so it turns NOT_SERVING the moment shutdown begins.
 
     Service "" is the whole server; a model name is that model. Watch streams end after reporting
     NOT_SERVING for a shutdown, so that they do not keep the worker alive through its grace period.
     """
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: DataPlane) -> None:
         self.core = core
 
     def serving_status(self, service: str) -> int | None:
@@ -425,7 +425,7 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
-def start(core: Core) -> grpc.Server | None:
+def start(core: DataPlane) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
     --grpc_socket_path if this worker serves it; None when it has neither to serve."""
     o: ServerOptions = core.options

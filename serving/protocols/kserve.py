@@ -1,7 +1,7 @@
 """KServe V2 / Open Inference Protocol over REST (SPEC §6), with Triton's binary-data and classification
-extensions, on the same Flask app and Core as the TF Serving REST API.
+extensions, on the same Flask app and DataPlane as the TF Serving REST API.
 
-A V2 "model" is a Core model's serving signature (serving_default unless the request's
+A V2 "model" is a DataPlane model's serving signature (serving_default unless the request's
 `parameters.signature_name` names another); V2 input and output names are the signature's tensor names.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import flask
 import numpy as np
 
-from serving.core import Code, Core, ServingError, invalid, not_found
+from serving.core import Code, DataPlane, ServingError, invalid, not_found
 from serving.protocols import admission, v2
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
                                         parse_version, request_body, string_field)
@@ -186,7 +186,7 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 
 # ---- routes -----------------------------------------------------------------------------------------------
 
-def create_blueprint(core: Core) -> flask.Blueprint:
+def create_blueprint(core: DataPlane) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
     error handlers make it), except health answers, whose bodies are empty (SPEC §6)."""
     bp = flask.Blueprint("kserve_v2", __name__)

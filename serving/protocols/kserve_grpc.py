@@ -2,7 +2,7 @@
 model-configuration and statistics extensions, beside TF Serving's services on the gRPC port.
 
 It is the REST V2 API (kserve.py) in Triton's gRPC messages: the same datatypes, BYTES framing (4-byte
-little-endian lengths), classification extension and documents (v2.py), and the same Core.predict, so V2 gRPC
+little-endian lengths), classification extension and documents (v2.py), and the same DataPlane.predict, so V2 gRPC
 requests batch with every other protocol's and pass the same `Gate` (tokens, access log), TLS and message-size
 limit as TF Serving's gRPC API. Tensors come as `raw_input_contents` (as tritonclient sends them) or typed
 `contents`; outputs go back as `raw_output_contents`, as Triton answers. The stubs are Triton's own, from
@@ -18,7 +18,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from serving.core import Core, invalid, not_found
+from serving.core import DataPlane, invalid, not_found
 from serving.protocols import v2
 from serving.protocols.grpc_api import deadline_of, rpc
 from serving.protocols.httputil import parse_version
@@ -94,7 +94,7 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: DataPlane) -> None:
         self.core = core
 
     @rpc
@@ -159,5 +159,5 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def add_to_server(core: Core, server: grpc.Server) -> None:
+def add_to_server(core: DataPlane, server: grpc.Server) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(core), server)

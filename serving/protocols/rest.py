@@ -18,7 +18,7 @@ import numpy as np
 from google.protobuf import json_format
 from werkzeug.routing import BaseConverter
 
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Core, ServingError, SignatureInfo, Task, input_from_json,
+from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, SignatureInfo, Task, input_from_json,
                           invalid)
 from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
                               parse_version, request_body, string_field)
@@ -227,7 +227,7 @@ def malformed() -> ServingError:
     return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
 
 
-def create_blueprint(core: Core) -> flask.Blueprint:
+def create_blueprint(core: DataPlane) -> flask.Blueprint:
     """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
     bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
     options = core.options

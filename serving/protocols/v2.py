@@ -13,7 +13,7 @@ from typing import Any, Callable
 import flask
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, Core, SignatureInfo, TensorInfo, invalid
+from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, DataPlane, SignatureInfo, TensorInfo, invalid
 from serving.protocols.httputil import parse_version
 from serving.protocols.tensor_proto import element_count
 
@@ -41,13 +41,13 @@ def served_signature(signatures: dict[str, SignatureInfo]) -> SignatureInfo:
     return signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
 
 
-def batches(core: Core, signature: SignatureInfo) -> bool:
+def batches(core: DataPlane, signature: SignatureInfo) -> bool:
     """Whether the model batches in Triton's sense: batching is on and every input has a leading -1."""
     return core.options.enable_batching and bool(signature.inputs) and all(
         t.shape and t.shape[0] == -1 for t in signature.inputs.values())
 
 
-def model_metadata(core: Core, model: str, version: int | None) -> dict[str, Any]:
+def model_metadata(core: DataPlane, model: str, version: int | None) -> dict[str, Any]:
     """V2 model metadata; without a version, `versions` lists every AVAILABLE one. Shapes are the signature's,
     except that an input of one value per row of a batching model is [-1, 1], as Triton derives it from the
     model configuration's dims [1] (perf_analyzer reads the shape there, and needs a dimension past the batch)."""
@@ -81,7 +81,7 @@ def one_per_row(t: TensorInfo | None) -> bool:
 
 
 def with_triton_dims(inputs: dict[str, np.ndarray]) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
-    """The inputs as Core.predict's function of the signature: an input of one value per row may come shaped
+    """The inputs as DataPlane.predict's function of the signature: an input of one value per row may come shaped
     [rows, 1], the dims the model configuration declares (as perf_analyzer sends it), or [rows]."""
     def for_signature(info: SignatureInfo) -> dict[str, np.ndarray]:
         return {name: array.reshape(len(array)) if one_per_row(info.inputs.get(name)) and array.ndim == 2
@@ -89,7 +89,7 @@ def with_triton_dims(inputs: dict[str, np.ndarray]) -> Callable[[SignatureInfo],
     return for_signature
 
 
-def model_config(core: Core, model: str, version: int | None) -> dict[str, Any]:
+def model_config(core: DataPlane, model: str, version: int | None) -> dict[str, Any]:
     """Triton's ModelConfig of the served signature of `version` (the latest when None).
 
     With batching on and every input batched (`batches`), the model batches in Triton's sense: max_batch_size
@@ -124,7 +124,7 @@ def model_config(core: Core, model: str, version: int | None) -> dict[str, Any]:
     return config
 
 
-def model_statistics(core: Core, model: str | None, version: int | None) -> dict[str, Any]:
+def model_statistics(core: DataPlane, model: str | None, version: int | None) -> dict[str, Any]:
     """Triton's ModelStatisticsResponse: every AVAILABLE version of `model` (of every model when None).
 
     Petal times a model execution as one call, input conversion included, so compute_input and compute_output
@@ -152,7 +152,7 @@ def model_statistics(core: Core, model: str | None, version: int | None) -> dict
     return {"model_stats": entries}
 
 
-def create_blueprint(core: Core) -> flask.Blueprint:
+def create_blueprint(core: DataPlane) -> flask.Blueprint:
     """Triton's model-configuration and statistics extensions over REST; errors are the app's JSON {"error"}."""
     bp = flask.Blueprint("triton_extensions", __name__)
 

@@ -1,6 +1,6 @@
 """Reading and keying the four batch-job input formats as Beam transforms, without ever losing a record.
 
-The reading and keying itself is serving/batch/core.py's, shared with the Spark job; these DoFns only count each
+The reading and keying itself is serving/batch_prediction/core.py's, shared with the Spark job; these DoFns only count each
 input and route failures to their own output.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from serving.batch import core
-from serving.batch.core import FORMATS, Failure
-from serving.batch.model_handler import METRICS_NAMESPACE
+from serving.batch_prediction import core
+from serving.batch_prediction.core import FORMATS, Failure
+from serving.batch_prediction.model_handler import METRICS_NAMESPACE
 
 FAILED = "failed"
 

@@ -2,14 +2,14 @@
 
 Online serving answers single images; bulk scoring is a batch job, and on a TPU it needs fixed-size batches.
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the
-model on static padded batches (serving/batch/core.py, through model_handler.py) and writes sharded JSON Lines.
+model on static padded batches (serving/batch_prediction/core.py, through model_handler.py) and writes sharded JSON Lines.
 Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
 results + errors.
 
 Beam pipeline options (--runner, --project, --region, --temp_location, --direct_num_workers,
 --direct_running_mode, ...) pass straight through, so the same job runs on the DirectRunner, Dataflow, Flink
 or Spark. `--engine=spark` runs the same records through the same core as a plain Spark job instead
-(serving/batch/spark_job.py).
+(serving/batch_prediction/spark_job.py).
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from serving.batch import core
-from serving.batch.cli import add_job_flags, check_job_flags, run_and_report
-from serving.batch.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo, read_model_info
-from serving.batch.model_handler import METRICS_NAMESPACE, SavedModelHandler
-from serving.batch.sources import FAILED, ReadRecords
+from serving.batch_prediction import core
+from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
+from serving.batch_prediction.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo, read_model_info
+from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
+from serving.batch_prediction.sources import FAILED, ReadRecords
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Beam's DoFns (job, sources, model_handler) and Spark's partition function (spark
 nothing else for the work itself, so both engines read, key, decode, batch, predict and format alike:
 
 - reading and keying the input formats, where every input becomes either a `(key, payload)` record (the image
-  bytes; for any other SavedModel, a Predict instance or a serialized tf.Example: serving/batch/any_model.py) or
+  bytes; for any other SavedModel, a Predict instance or a serialized tf.Example: serving/batch_prediction/any_model.py) or
   a `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
   what a user can trace back: the file path, the TFRecord's `key` or `image/filename` feature, or the JSON line's
   `key`; a record without one is keyed by `<file>:<index>`;
@@ -35,7 +35,7 @@ from tensorflow.core.example import example_pb2
 
 from exported_models.model_format import (DEFAULT_SIGNATURE, LABELS_ASSET, latest_version, read_labels,
                                            read_signatures, version_labels)
-from serving.batch import any_model
+from serving.batch_prediction import any_model
 from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
 
@@ -163,7 +163,7 @@ def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
 
 def read_jsonl_file(path: str, open_file: Opener, mode: str = IMAGES) -> Iterator[Record | Failure]:
     """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`, streamed (other modes:
-    `{"key": …, "instance" or "example": …}` lines, see serving/batch/any_model.py)."""
+    `{"key": …, "instance" or "example": …}` lines, see serving/batch_prediction/any_model.py)."""
     number = 0
     try:
         with open_file(path) as f:

@@ -3,7 +3,7 @@ YARN (EMR, Dataproc), Kubernetes or Databricks.
 
 The driver lists the inputs and cuts them into partitions: one per TFRecord or JSON Lines file (its records
 stream through one batch at a time), and `--rows_per_partition` paths per partition for image files and file
-lists. Each task reads, decodes, batches, predicts and formats its records with serving/batch/core.py, the code
+lists. Each task reads, decodes, batches, predicts and formats its records with serving/batch_prediction/core.py, the code
 the Beam job runs, so both engines give the same lines for the same records. The model loads once per executor
 Python worker (Spark reuses them across tasks) with TensorFlow's thread pools sized to the task's cores.
 
@@ -35,8 +35,8 @@ import tensorflow as tf
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
-from serving.batch import core
-from serving.batch.cli import add_job_flags, check_job_flags, run_and_report
+from serving.batch_prediction import core
+from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)

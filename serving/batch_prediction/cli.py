@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.batch import any_model, core
+from serving.batch_prediction import any_model, core
 
-ENGINES = {"beam": ("serving.batch.job", "apache_beam", "batch"), "spark": ("serving.batch.spark_job", "pyspark",
+ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"), "spark": ("serving.batch_prediction.spark_job", "pyspark",
                                                                            "spark")}
 
 
