@@ -16,9 +16,9 @@ from collections.abc import Callable, Hashable, Iterable
 
 import numpy as np
 
+from serving import threads
 from serving.config import BatchingOptions
 from serving.core.budget import MemoryBudget
-from serving import threads
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, unavailable
 from serving.metrics import Metrics
 
@@ -75,7 +75,7 @@ class _Task:
         self.enqueued = time.monotonic()
         self.queued_us = 0.0
         self.done = threads.new_waker()
-        self.outputs: dict[str, np.ndarray] | None = None
+        self.outputs: dict[str, np.ndarray] = {}
         self.error: ServingError | None = None
         self.queue: _Queue | None = None
 
@@ -124,14 +124,16 @@ class Batcher:
 
     def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
             deadline: float | None = None, api: str = "predict",
-            row_pixels: np.ndarray | None = None, version: int = 0) -> dict[str, np.ndarray]:
+            row_pixels: np.ndarray | None = None, version: int = 0, batchable: bool = True) -> dict[str, np.ndarray]:
         """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`.
 
         `row_pixels` are the decoded pixels of each row: a request is split into chunks that each fit both
         `max_batch_size` and the pixel budget, so one huge request cannot hold more than the budget either.
+        Inputs that are not `batchable` (the signature fixes dimension 0, or the inputs do not share one), or any
+        inputs with batching off, run alone as one inference, within the same deadline and pixel budget.
         """
         row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
-        if not self.enabled:
+        if not (self.enabled and batchable):
             return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
                               int(row_pixels.sum()), version)  # one inference: the model does not batch
         if deadline is not None and time.monotonic() >= deadline:
@@ -246,7 +248,8 @@ class Batcher:
 
     def _take(self, queue: _Queue) -> list[_Task]:
         """The head tasks that fit one batch: max_batch_size rows, and the pixel budget after the first task."""
-        tasks, rows, pixels, now = [], 0, 0, time.monotonic()
+        tasks: list[_Task] = []
+        rows, pixels, now = 0, 0, time.monotonic()
         budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
         while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size and (
                 not tasks or budget is None or pixels + queue.tasks[0].pixels <= budget):
@@ -310,6 +313,6 @@ class Batcher:
             if not self.options.pad_variable_length_inputs or len({len(s) for s in shapes}) > 1:
                 raise invalid("Tensors from different requests have different shapes "
                                    f"{sorted(shapes)} and padding is turned off")
-            target = tuple(max(dims) for dims in zip(*shapes))
+            target = tuple(max(dims) for dims in zip(*shapes, strict=True))
             arrays = [_pad_to_shape(a, target) for a in arrays]
         return np.concatenate(arrays)

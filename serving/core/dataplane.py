@@ -11,8 +11,8 @@ import functools
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Union
 
 import numpy as np
 from tensorflow_serving.apis import input_pb2
@@ -21,20 +21,20 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import ServerOptions, check_model_root
 from serving.core import examples, images
-from serving.core.batching import Batcher, run_inline
+from serving.core.batching import Batcher
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
-from serving.metrics import Metrics, VersionStatistics
 from serving.core.loaders import LoadOptions
-from serving.core.repository import Repository, VersionStatus
+from serving.core.repository import Repository, VersionState, VersionStatus
 from serving.core.servable import Servable
 from serving.core.startup import Startup
+from serving.metrics import Metrics, VersionStatistics
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
 ALL_CLASSES = 1 << 30  # Classify on an image signature answers every class
 # Arrays by input name, or a function of the signature that builds them (see DataPlane.predict).
-Inputs = Union[dict[str, np.ndarray], Callable[[SignatureInfo], dict[str, object]]]
+Inputs = dict[str, np.ndarray] | Callable[[SignatureInfo], Mapping[str, object]]
 
 NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
                 "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64, "DT_UINT8": np.uint8,
@@ -92,7 +92,8 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
 def check_shape(name: str, array: np.ndarray, info: TensorInfo) -> None:
     """The signature's declared shape, as a model whose functions enforce it (TF2) would refuse the input."""
     if info.shape is not None and (array.ndim != len(info.shape) or
-                                   any(want not in (-1, have) for want, have in zip(info.shape, array.shape))):
+                                   any(want not in (-1, have)
+                                       for want, have in zip(info.shape, array.shape, strict=True))):
         raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                       f"{info.shape} (-1 is any size)")
 
@@ -126,6 +127,9 @@ class DataPlane:
     """Everything one worker process serves. Methods raise ServingError and are safe to call from any thread."""
     repository: Repository
     batcher: Batcher
+    # The worker's memory budget: protocols hold a request's body in it from admission to answer, and the batcher
+    # the decoded pixels of each TF call.
+    memory: MemoryBudget
     metrics: Metrics
     options: ServerOptions = field(default_factory=ServerOptions)
     shutting_down: bool = False
@@ -134,11 +138,6 @@ class DataPlane:
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
 
     # --- inference ---------------------------------------------------------------------------------------------
-
-    @property
-    def memory(self) -> MemoryBudget:
-        """The worker's memory budget: protocols hold a request's body in it from admission to answer."""
-        return self.batcher.budget
 
     def predict(self, model: str, inputs: Inputs, version: int | None = None,
                 label: str | None = None, signature_name: str = "", output_filter: list[str] | None = None,
@@ -232,19 +231,16 @@ class DataPlane:
             if served:
                 self.metrics.record_request(model, served[0], status == "OK", elapsed_us)
 
-    def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: dict,
+    def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: Mapping[str, object],
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
         """Validate the inputs of one signature and run them, batched with other requests when they can be."""
         arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes)
-        run = functools.partial(servable.run, key)
-        if batched:
-            size = next(iter(arrays.values())).shape[0]
-            return self.batcher.run((servable.model, servable.version, key), servable.model, run, arrays, size,
-                                    deadline, api, pixels, servable.version)
-        return run_inline(run, arrays, deadline, self.metrics, servable.model, api, self.batcher.budget,
-                          int(pixels[0]), servable.version)
+        size = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
+        return self.batcher.run((servable.model, servable.version, key), servable.model,
+                                functools.partial(servable.run, key), arrays, size, deadline, api, pixels,
+                                servable.version, batchable=batched)
 
-    def _validate(self, info: SignatureInfo, inputs: dict,
+    def _validate(self, info: SignatureInfo, inputs: Mapping[str, object],
                   static_shapes: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
         """The inputs as arrays, whether they are batched, and the decoded pixels of each row (of the whole
         request when not batched), which the worker's pixel budget counts.
@@ -301,7 +297,7 @@ class DataPlane:
 
     def available_versions(self, model: str) -> list[int]:
         """The versions of a model that serve requests now, newest first."""
-        return [s.version for s in self.repository.status(model) if s.state == "AVAILABLE"]
+        return [s.version for s in self.repository.status(model) if s.state == VersionState.AVAILABLE]
 
     def statistics(self, model: str | None = None,
                    version: int | None = None) -> list[tuple[str, int, VersionStatistics]]:
@@ -357,14 +353,14 @@ class DataPlane:
         """A core for these options, its models loading in the background (readiness reports progress). It has
         started once they have loaded and the caller has told `core.startup` of each port it opened."""
         metrics = Metrics()
-        batcher = Batcher(options.batching, metrics, enabled=options.enable_batching,
-                          budget=MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics))
+        memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics)
+        batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
                                 drain_seconds=options.graceful_timeout,
                                 load_options=LoadOptions.from_flags(options.saved_model_tags,
                                                                     options.prefer_tflite_model))
-        core = cls(repository=repository, batcher=batcher, metrics=metrics, options=options,
+        core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
                    startup=Startup(ports_to_open))
         repository.start()
         threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()

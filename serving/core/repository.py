@@ -9,6 +9,7 @@ After a pass that loaded or unloaded anything, the heap is settled (serving/core
 """
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -20,19 +21,29 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import heap
 from serving.core.errors import ServingError, invalid, not_found, unavailable
-from serving.metrics import Metrics
-from serving.core.policy import aspired_versions
 from serving.core.loaders import LoadOptions
+from serving.core.policy import aspired_versions
 from serving.core.servable import Servable
 from serving.core.source import candidate_versions, files_signature
+from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+
+
+class VersionState(enum.StrEnum):
+    """TF Serving's ModelVersionStatus.State (get_model_status.proto) less UNKNOWN, which it never reports. Each
+    value is the proto's name for it, which is what REST's status JSON says and gRPC's State.Value takes."""
+    START = "START"
+    LOADING = "LOADING"
+    AVAILABLE = "AVAILABLE"
+    UNLOADING = "UNLOADING"
+    END = "END"
 
 
 @dataclass
 class VersionStatus:
     version: int
-    state: str  # START, LOADING, AVAILABLE, UNLOADING, END
+    state: VersionState
     error_code: str = "OK"
     error_message: str = ""
 
@@ -56,7 +67,7 @@ class Repository:
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
                  poll_seconds: float = 1.0, warmup: bool = True,
                  on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0,
-                 load_options: LoadOptions = LoadOptions()):
+                 load_options: LoadOptions = LoadOptions()):  # noqa: B008 (a frozen dataclass)
         self._metrics = metrics
         self._load_options = load_options
         self._drain_seconds = drain_seconds
@@ -146,19 +157,21 @@ class Repository:
         for version in sorted(aspired, reverse=True):
             with self._lock:
                 entry = model.versions.get(version)
-                if entry is not None and entry.status.state in ("LOADING", "AVAILABLE"):
+                if entry is not None and entry.status.state in (VersionState.LOADING, VersionState.AVAILABLE):
                     continue
             self._load(name, model, version, candidates[version])
         with self._lock:
-            if not any(model.versions[v].status.state == "AVAILABLE" for v in aspired if v in model.versions):
+            if not any(model.versions[v].status.state == VersionState.AVAILABLE
+                       for v in aspired if v in model.versions):
                 return  # never unload the versions that are serving before a wanted one is AVAILABLE
-            retiring = [v for v, e in model.versions.items() if e.status.state == "AVAILABLE" and v not in aspired]
+            retiring = [v for v, e in model.versions.items()
+                        if e.status.state == VersionState.AVAILABLE and v not in aspired]
         for version in retiring:
             self._unload(name, model, version)
 
     def _load(self, name: str, model: _Model, version: int, path: str) -> None:
         self._changed = True
-        entry = _Version(VersionStatus(version, "LOADING"), files=files_signature(path))
+        entry = _Version(VersionStatus(version, VersionState.LOADING), files=files_signature(path))
         with self._lock:
             retry = model.versions.get(version)
             if retry is not None and retry.status.error_code != "OK":
@@ -174,14 +187,14 @@ class Repository:
             logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
                                                                      "error": message}})
             with self._lock:
-                entry.status = VersionStatus(version, "END", "UNKNOWN", f"Failed to load: {message}")
+                entry.status = VersionStatus(version, VersionState.END, "UNKNOWN", f"Failed to load: {message}")
             return
         elapsed = time.monotonic() - started
         self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)
         self._metrics.loaded_versions.set(1, model_name=name, version=str(version))
         with self._lock:
             entry.servable = servable
-            entry.status = VersionStatus(version, "AVAILABLE")
+            entry.status = VersionStatus(version, VersionState.AVAILABLE)
             self._lock.notify_all()
         logger.info("version available", extra={"fields": {"model": name, "version": version, "path": path,
                                                          "format": servable.format,
@@ -192,13 +205,13 @@ class Repository:
         self._changed = True
         with self._lock:
             entry = model.versions[version]
-            entry.status = VersionStatus(version, "UNLOADING")
+            entry.status = VersionStatus(version, VersionState.UNLOADING)
             servable = entry.servable
             deadline = time.monotonic() + self._drain_seconds
             while servable is not None and servable.refs > 0 and time.monotonic() < deadline:
                 self._lock.wait(0.1)
             entry.servable = None
-            entry.status = VersionStatus(version, "END")
+            entry.status = VersionStatus(version, VersionState.END)
         self._metrics.loaded_versions.remove(model_name=name, version=str(version))
         if self._on_unload is not None:
             self._on_unload(name, version)
@@ -209,7 +222,7 @@ class Repository:
             removed = [(n, m) for n, m in self._models.items() if m.config is None]
         for name, model in removed:
             for version, entry in list(model.versions.items()):
-                if entry.status.state == "AVAILABLE":
+                if entry.status.state == VersionState.AVAILABLE:
                     self._unload(name, model, version)
             with self._lock:
                 if model.config is None:
@@ -232,7 +245,7 @@ class Repository:
             return False
         configured = [m for m in self._models.values() if m.config is not None]
         return bool(configured) and all(
-            any(e.status.state == "AVAILABLE" for e in m.versions.values()) for m in configured)
+            any(e.status.state == VersionState.AVAILABLE for e in m.versions.values()) for m in configured)
 
     def _model(self, name: str) -> _Model:
         model = self._models.get(name)
@@ -289,11 +302,12 @@ class Repository:
         spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         if model is None or model.config is None:
             raise not_found(f"Servable not found for request: {spec}")
-        available = {v: e.servable for v, e in model.versions.items() if e.status.state == "AVAILABLE"}
+        available = {v: e.servable for v, e in model.versions.items()
+                     if e.status.state == VersionState.AVAILABLE and e.servable is not None}
         if version is None:
             if available:
                 return available[max(available)]
-            if any(e.status.state == "LOADING" for e in model.versions.values()):
+            if any(e.status.state == VersionState.LOADING for e in model.versions.values()):
                 raise unavailable(f"Model {name} is loading; retry shortly")
             raise not_found(f"Servable not found for request: {spec}")
         if version in available:
@@ -306,6 +320,6 @@ class Repository:
             if model is None or model.config is None:
                 return False
             if version is None:
-                return any(e.status.state == "AVAILABLE" for e in model.versions.values())
+                return any(e.status.state == VersionState.AVAILABLE for e in model.versions.values())
             entry = model.versions.get(version)
-            return entry is not None and entry.status.state == "AVAILABLE"
+            return entry is not None and entry.status.state == VersionState.AVAILABLE
