@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+# The repository root, wherever in tests/ this file sits.
+ROOT = next(d for d in Path(__file__).resolve().parents if (d / "pyproject.toml").is_file())
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS, ROOT / "deploy" / "spark" / "README.md", ROOT / "exported_models" / "README.md"]
 README_MAX_LINES = 160
