@@ -1,4 +1,4 @@
-"""Petal's serving speed against the in-process limit and a naive Flask baseline (SPEC §8), per protocol.
+"""Petal's serving speed against the in-process limit and a naive Flask baseline (docs/protocols.md), per protocol.
 
     .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers] [--duration 4]
 

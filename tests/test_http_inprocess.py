@@ -1,6 +1,6 @@
 """The in-process HTTP tier: Flask's test client over a real serving DataPlane on the tiny test model, without
-gunicorn or sockets, so the routing, parsing and error edges of TF Serving's REST API (SPEC §1), KServe V2
-(SPEC §6), the probes and the shared HTTP helpers are covered in milliseconds each.
+gunicorn or sockets, so the routing, parsing and error edges of TF Serving's REST API (docs/protocols.md), KServe V2
+(docs/protocols.md, 'KServe V2'), the probes and the shared HTTP helpers are covered in milliseconds each.
 
 test_rest.py and test_kserve.py cover the happy paths end to end through gunicorn; this module covers the edges.
 """
@@ -351,7 +351,7 @@ def test_multi_member_gzip_bomb_is_413(client):
                  f"The decompressed body exceeds --max_request_bytes ({MAX_REQUEST_BYTES})$")
 
 
-# Hostile JSON (SPEC: every malformed body is a fast 400): (id, the JSON text of one tensor value, message).
+# Hostile JSON (every malformed body is a fast 400: docs/security.md): (id, the JSON text of one tensor value, message).
 HOSTILE_JSON = [
     ("nested-100", b"[" * 100 + b"1" + b"]" * 100, "arrays and objects nest deeper than the limit of 64 levels"),
     ("nested-90k-unclosed", b"[" * 90_000, "arrays and objects nest deeper than the limit of 64 levels"),

@@ -1,4 +1,4 @@
-"""`petal batch`: score many images with an exported model as an Apache Beam job (SPEC §7).
+"""`petal batch`: score many images with an exported model as an Apache Beam job (docs/protocols.md, 'Batch output').
 
 Online serving answers single images; bulk scoring is a batch job, and on a TPU it needs fixed-size batches.
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the

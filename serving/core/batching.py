@@ -1,4 +1,4 @@
-"""Dynamic batching shared by every protocol, with TF Serving's `BatchingParameters` semantics (SPEC §4).
+"""Dynamic batching shared by every protocol, with TF Serving's `BatchingParameters` semantics (docs/protocols.md).
 
 Requests for the same (model, version, signature) queue together; `num_batch_threads` threads each take the
 oldest ready queue's head, merge up to `max_batch_size` rows, pad to the next `allowed_batch_sizes` entry and

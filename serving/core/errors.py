@@ -1,7 +1,7 @@
 """One error type for every protocol, carrying a TF status code (the same names and numbers as gRPC's).
 
 REST, gRPC and KServe V2 all sit on the same core, so the core raises a `Code` once and each protocol maps it:
-REST with `Code.http_status` (TF Serving's table, SPEC §1), gRPC with `grpc.StatusCode[code.name]`. Both mappings
+REST with `Code.http_status` (TF Serving's, docs/protocols.md), gRPC with `grpc.StatusCode[code.name]`. Both mappings
 are total over the enum, checked when this module and the gRPC adapter are imported, so nothing falls back silently.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The version policy (SPEC §3): which of the versions on disk a model config asks to serve."""
+"""The version policy (docs/protocols.md, 'Versions'): which of the versions on disk a model config asks to serve."""
 from __future__ import annotations
 
 from tensorflow_serving.config import file_system_storage_path_source_pb2

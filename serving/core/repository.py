@@ -1,4 +1,4 @@
-"""The model repository: version discovery, load-before-unload transitions, warmup and in-flight tracking (SPEC §3).
+"""The model repository: version discovery, load-before-unload transitions, warmup and in-flight tracking.
 
 A background thread polls every model's base path. New aspired versions are loaded and warmed while the old ones
 keep serving; only then are versions that are no longer aspired unloaded, after their in-flight requests finish.
@@ -6,6 +6,7 @@ A version that fails to load is reported END with its error and the versions bel
 broken upload never takes a model down. It is retried when its files change: a plain `cp -r` can show
 saved_model.pb before variables/ is complete, and must not leave that version dead until a restart.
 After a pass that loaded or unloaded anything, the heap is settled (serving/core/heap.py) to keep GC pauses short.
+The rules are TF Serving's: docs/protocols.md, 'Versions'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics, the OpenAPI
 contract (`openapi`) and the web UI, over one DataPlane.
 
-Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives (SPEC §1); a /v1
+Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives; a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
 With --auth_token_file every route but the probes (and the metrics, unless --metrics_require_auth) needs a token.
+TF Serving's error table: docs/protocols.md, 'Errors'.
 """
 from __future__ import annotations
 

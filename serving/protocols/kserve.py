@@ -1,4 +1,4 @@
-"""KServe V2 / Open Inference Protocol over REST (SPEC §6), with Triton's binary-data and classification
+"""KServe V2 / Open Inference Protocol over REST (docs/protocols.md), with Triton's binary-data and classification
 extensions, on the same Flask app and DataPlane as the TF Serving REST API.
 
 A V2 "model" is a DataPlane model's serving signature (serving_default unless the request's
@@ -188,7 +188,7 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 
 def create_blueprint(core: DataPlane) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
-    error handlers make it), except health answers, whose bodies are empty (SPEC §6)."""
+    error handlers make it), except health answers, whose bodies are empty (docs/protocols.md, 'Endpoints')."""
     bp = flask.Blueprint("kserve_v2", __name__)
 
     def probe(ok: bool) -> flask.Response:

@@ -1,4 +1,4 @@
-"""TF Serving's REST API (SPEC §1) plus Petal's `:classify_image`, as a Flask blueprint over the core.
+"""TF Serving's REST API (docs/protocols.md) plus Petal's `:classify_image`, as a Flask blueprint over the core.
 
 TF Serving matches its paths case-insensitively and puts the verb after a colon (`/v1/models/m:predict`). Flask's
 routing is case-sensitive, so `normalize_v1_path` lower-cases the fixed words of a /v1 path (never the model
