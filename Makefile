@@ -22,6 +22,8 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 	$(PY) -m pytest -q -m serial $(SERIAL_TESTS)
 

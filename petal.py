@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(verbose)
     module_name, extra, _ = COMMANDS[argv[0]]
     if argv[0] in WITHOUT_KERAS:
-        sys.modules.setdefault("keras", None)
+        sys.modules.setdefault("keras", None)  # type: ignore[arg-type]  # None blocks the import
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:

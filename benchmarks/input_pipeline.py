@@ -21,12 +21,12 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from training import synth  # noqa: E402
-from training.input import AUTOTUNE, input_fn  # noqa: E402
-from training.preprocessing import FEATURES, decode_uint8  # noqa: E402
-from training.tfrecords import example  # noqa: E402
+from training import synth
+from training.input import AUTOTUNE, input_fn
+from training.preprocessing import FEATURES, decode_uint8
+from training.tfrecords import example
 
 
 def write_shards(folder: str, num_images: int, num_shards: int, width: int, height: int) -> str:
@@ -113,8 +113,8 @@ def main() -> int:
     for name, series in rates.items():
         print(f"  {name:<22} {statistics.median(r.wall for r in series):10.1f} "
               f"{statistics.median(r.cpu for r in series):14.1f}")
-    wall_ratio = statistics.median(f.wall / t.wall for f, t in zip(full, top))
-    cpu_ratio = statistics.median(f.cpu / t.cpu for f, t in zip(full, top))
+    wall_ratio = statistics.median(f.wall / t.wall for f, t in zip(full, top, strict=True))
+    cpu_ratio = statistics.median(f.cpu / t.cpu for f, t in zip(full, top, strict=True))
     print(f"  {'ratio (paired rounds)':<22} {wall_ratio:10.2f} {cpu_ratio:14.2f}   target >= 0.80")
     return 0
 

@@ -25,7 +25,7 @@ def create_app(model_dir: str) -> flask.Flask:
         outputs = signature(image_bytes=tf.constant(images))
         return {"predictions": [{"class": c.decode(), "probabilities": p}
                                 for c, p in zip(outputs["class"].numpy().tolist(),
-                                                outputs["probabilities"].numpy().tolist())]}
+                                                outputs["probabilities"].numpy().tolist(), strict=True)]}
 
     @app.get("/healthz")
     def healthz():

@@ -7,11 +7,11 @@
 2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
    images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
    under Petal's one intra-op thread per caller), and its fastest single-image latency.
-3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}), gRPC Predict
-   (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with Triton's
-   binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end), with --ab_args a
-   third Petal with those flags added, and the baseline (benchmarks/naive_flask.py) get the same REST body. Each run is a
-   separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
+3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}),
+   gRPC Predict (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with
+   Triton's binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end), with --ab_args a
+   third Petal with those flags added, and the baseline (benchmarks/naive_flask.py) get the same REST body. Each run is
+   a separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
    concurrency, warmup, then a fixed duration, with whole requests built before the clock starts. HTTP clients
    share one selector thread (raw sockets); gRPC clients are a thread each with a channel of their own.
 4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -361,13 +361,13 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
             counts = [0] * callers
             stop_at = time.monotonic() + seconds
 
-            def call(i: int) -> None:
+            def call(i: int, counts: list[int], stop_at: float, batches: list, size: int) -> None:
                 while time.monotonic() < stop_at:
                     signature(image_bytes=batches[(counts[i] // size + i) % len(batches)])["probabilities"].numpy()
                     counts[i] += size
 
             started, cpu = time.monotonic(), time.process_time()
-            threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
+            threads = [threading.Thread(target=call, args=(i, counts, stop_at, batches, size)) for i in range(callers)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -433,8 +433,7 @@ def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
 
 def default_model(image_size: int) -> str:
     """The shipped model when it exists; otherwise an untrained "compact" model exported to a temp dir."""
-    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
-    from exported_models.model_format import exported_versions
+    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
     from training.export import export_saved_model
     from training.models import build_model
     from training.synth import CLASSES

@@ -22,6 +22,7 @@ from pathlib import Path
 # Locust first: importing it monkey-patches the process with gevent, which grpc's gevent support requires.
 from locust import FastHttpUser, User, constant, events, task
 
+# isort: split
 import gevent
 import gevent.ssl
 import grpc

@@ -45,7 +45,7 @@ def parse_levels(spec: str) -> list[int]:
         levels = [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"bad --sweep_users {spec!r}: expected increasing integers like 1,2,4,8") from None
-    if not levels or levels[0] < 1 or any(b <= a for a, b in zip(levels, levels[1:])):
+    if not levels or levels[0] < 1 or any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
         raise ValueError(f"bad --sweep_users {spec!r}: expected increasing integers >= 1 like 1,2,4,8")
     return levels
 

@@ -22,8 +22,8 @@ def available_cores(cgroup_root: str = CGROUP_ROOT) -> int:
 def cgroup_cpu_quota(root: str = CGROUP_ROOT) -> float | None:
     """CPUs allowed by the cgroup quota, or None when there is none (or no cgroup filesystem to read)."""
     try:
-        limit, period = Path(root, "cpu.max").read_text().split()
-        return None if limit == "max" else int(limit) / int(period)
+        limit, interval = Path(root, "cpu.max").read_text().split()
+        return None if limit == "max" else int(limit) / int(interval)
     except (OSError, ValueError):
         pass
     try:

@@ -20,9 +20,9 @@ BYTES_PER_PIXEL = 4
 # What a request body costs while it is served, for each byte received: the bytes, a second copy while they are
 # read or parsed (werkzeug joins the pieces read; JSON is parsed from text; gRPC hands over the serialized message),
 # the parsed strings or deserialized message, and the decoded inputs (3-4x measured with benchmarks/memory.py over
-# base64 JSON, V2 binary and gRPC, with one image decoding). A JSON number costs more than its few bytes: JSON_VALUE_BYTES for
-# each value outside strings (a Python float and its list slot, then numpy's float64 array and the signature's
-# dtype: 25-70 bytes a value measured, whatever its digits).
+# base64 JSON, V2 binary and gRPC, with one image decoding). A JSON number costs more than its few bytes:
+# JSON_VALUE_BYTES for each value outside strings (a Python float and its list slot, then numpy's float64 array and
+# the signature's dtype: 25-70 bytes a value measured, whatever its digits).
 BODY_BYTES_FACTOR = 4
 JSON_VALUE_BYTES = 64
 # A worker's resident memory with the default model, idle (measured with benchmarks/memory.py: 631-655 MB), and

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import prometheus_client
 from prometheus_client import values
@@ -51,6 +51,8 @@ LATENCY_BUCKETS_US = tuple(10.0 * 1.8 ** i for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2 ** i) for i in range(13))
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# How the gauges here combine the worker processes' values (a subset of prometheus_client.Gauge's modes).
+MultiprocessMode = Literal["livesum", "livemax", "max"]
 
 _value_class_lock = threading.Lock()
 # The directory `prometheus_client.values.ValueClass` currently writes to (None: in-process values).
@@ -104,7 +106,7 @@ def _escape(value: str) -> str:
 
 
 def _labels(names: tuple[str, ...], values_: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values_)]
+    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values_, strict=True)]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -147,7 +149,7 @@ class _Metric:
 
     def _local(self, sample_name: str, **labels: Any) -> float:
         """This process's value of one sample of one series (0 when there is none)."""
-        wanted = dict(zip(self.labelnames, self._normal(tuple(map(labels.get, self.labelnames)))))
+        wanted = dict(zip(self.labelnames, self._normal(tuple(map(labels.get, self.labelnames))), strict=True))
         for family in self._metric.collect():
             for sample in family.samples:
                 if sample.name == sample_name and sample.labels == wanted:
@@ -186,7 +188,7 @@ class Gauge(_Metric):
     kind = "gauge"
 
     def __init__(self, name: str, help: str, labelnames: tuple[str, ...],
-                 registry: prometheus_client.CollectorRegistry, multiprocess_mode: str,
+                 registry: prometheus_client.CollectorRegistry, multiprocess_mode: MultiprocessMode,
                  zero_is_absent: bool = False):
         super().__init__(name, help, labelnames, prometheus_client.Gauge(
             name, help, labelnames, registry=registry, multiprocess_mode=multiprocess_mode))
@@ -401,7 +403,9 @@ class Metrics:
         stats: dict[tuple[str, int], VersionStatistics] = {}
         for family in self._families():
             read = readers.get(family.name)
-            for sample in family.samples if read else ():
+            if read is None:
+                continue
+            for sample in family.samples:
                 key = (sample.labels["model_name"], int(sample.labels["version"]))
                 read(stats.setdefault(key, VersionStatistics()), sample)
         return stats

@@ -8,10 +8,16 @@ files written for tensorflow_model_server parse unchanged.
 """
 from __future__ import annotations
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf import wrappers_pb2  # noqa: F401  (registers google/protobuf/wrappers.proto in the pool)
+from typing import TypeAlias
 
-_F = descriptor_pb2.FieldDescriptorProto
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    wrappers_pb2,  # noqa: F401  (registers google/protobuf/wrappers.proto in the pool)
+)
+
+_F: TypeAlias = descriptor_pb2.FieldDescriptorProto
 
 
 def _field(name: str, number: int, type_: int, type_name: str = "", repeated: bool = False) -> _F:

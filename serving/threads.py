@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -21,7 +21,7 @@ T = TypeVar("T")
 # perf_analyzer send deadlines that far.
 FAR_DEADLINE_S = 365 * 24 * 3600.0
 
-_loop: dict[str, object] = {}  # "thread": ident of this worker's gevent loop thread, "pool": its OS thread pool
+_loop: dict[str, Any] = {}  # "thread": ident of this worker's gevent loop thread, "pool": its OS thread pool
 
 
 class Waker(Protocol):

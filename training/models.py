@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -114,7 +114,7 @@ class ModelConfig:
             json.dump(asdict(self), f, indent=1)
 
     @classmethod
-    def load(cls, directory: str) -> "ModelConfig":
+    def load(cls, directory: str) -> ModelConfig:
         path = os.path.join(directory, CONFIG_FILE)
         if not tf.io.gfile.exists(path):
             raise FileNotFoundError(f"{path} not found: is {directory} the --output_dir of a `petal train` run?")

@@ -49,8 +49,9 @@ def per_replica_batch_size(global_batch_size: int, strategy: tf.distribute.Strat
     """Every replica must get the same, full batch (TPUs need static shapes), so the global batch must divide."""
     replicas = strategy.num_replicas_in_sync
     if global_batch_size <= 0 or global_batch_size % replicas:
+        suggested = max(1, global_batch_size // replicas) * replicas
         raise ValueError(f"batch size {global_batch_size} must be a positive multiple of the number of replicas "
-                         f"({replicas}, {type(strategy).__name__}); try {max(1, global_batch_size // replicas) * replicas}")
+                         f"({replicas}, {type(strategy).__name__}); try {suggested}")
     return global_batch_size // replicas
 
 

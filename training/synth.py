@@ -20,13 +20,15 @@ import csv
 import io
 import logging
 import math
+import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-import multiprocessing
+from typing import cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 from PIL import Image, ImageDraw, ImageFilter
 
 from training import PROGRESS_LOGGER
@@ -57,7 +59,7 @@ class Pose:
         cos, sin = math.cos(self.angle), math.sin(self.angle)
         xs = self.x + self.radius * (local[:, 0] * cos - local[:, 1] * sin)
         ys = self.y + self.radius * (local[:, 0] * sin + local[:, 1] * cos)
-        return list(zip(xs.tolist(), ys.tolist()))
+        return list(zip(xs.tolist(), ys.tolist(), strict=True))
 
 
 def _ellipse(cx: float, cy: float, rx: float, ry: float, turn: float = 0.0, n: int = 20) -> np.ndarray:
@@ -77,12 +79,12 @@ def _petal(direction: float, inner: float, outer: float, width: float, pointed: 
     return np.stack([side[:, 0] * cos - side[:, 1] * sin, side[:, 0] * sin + side[:, 1] * cos], axis=1)
 
 
-def _jitter(rng: np.random.Generator, colour: Sequence[float], amount: float) -> Colour:
-    return tuple(int(c) for c in np.clip(np.asarray(colour) + rng.normal(0.0, amount, 3), 0, 255))
+def _jitter(rng: np.random.Generator, colour: ArrayLike, amount: float) -> Colour:
+    return cast(Colour, tuple(int(c) for c in np.clip(np.asarray(colour) + rng.normal(0.0, amount, 3), 0, 255)))
 
 
-def _shade(colour: Sequence[float], factor: float) -> Colour:
-    return tuple(int(c) for c in np.clip(np.asarray(colour) * factor, 0, 255))
+def _shade(colour: ArrayLike, factor: float) -> Colour:
+    return cast(Colour, tuple(int(c) for c in np.clip(np.asarray(colour) * factor, 0, 255)))
 
 
 def _stem(draw: ImageDraw.ImageDraw, pose: Pose, rng: np.random.Generator, length: float, width: float,
@@ -114,7 +116,8 @@ def _daisy(draw: ImageDraw.ImageDraw, pose: Pose, rng: np.random.Generator) -> N
         draw.polygon(pose.place(petal), fill=_jitter(rng, base, 5), outline=outline)
     draw.polygon(pose.place(_ellipse(0, 0, 0.24, 0.24)), fill=_jitter(rng, (240, 190, 20), 12))
     for _ in range(12):
-        dot = _ellipse(*rng.uniform(-0.14, 0.14, 2), 0.03, 0.03, n=6)
+        cx, cy = rng.uniform(-0.14, 0.14, 2)
+        dot = _ellipse(cx, cy, 0.03, 0.03, n=6)
         draw.polygon(pose.place(dot), fill=_jitter(rng, (200, 140, 10), 10))
 
 
@@ -144,8 +147,8 @@ def _roses(draw: ImageDraw.ImageDraw, pose: Pose, rng: np.random.Generator) -> N
         phase = rng.uniform(0, 2 * math.pi)
         for i in range(count):
             direction = phase + 2 * math.pi * i / count
-            centre = (reach - size) * np.array([math.cos(direction), math.sin(direction)])
-            petal = _ellipse(*centre, size, size * 0.85, turn=direction)
+            cx, cy = (reach - size) * np.array([math.cos(direction), math.sin(direction)])
+            petal = _ellipse(cx, cy, size, size * 0.85, turn=direction)
             colour = _jitter(rng, _shade(red, 1.0 - 0.13 * depth), 8)
             draw.polygon(pose.place(petal), fill=colour, outline=_shade(colour, 0.6))
     spiral_t = np.linspace(0, 4 * math.pi, 40)

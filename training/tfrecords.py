@@ -33,8 +33,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineResult
 from PIL import Image, UnidentifiedImageError
 
-from training import PROGRESS_LOGGER
 from exported_models.model_format import LABELS_FILE, read_labels
+from training import PROGRESS_LOGGER
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
@@ -173,7 +173,8 @@ class ConvertRow(beam.DoFn):
         self.read.inc()
         self.seen += 1
         if self.seen % PROGRESS_EVERY == 0:
-            progress.info("tfrecords progress", extra={"fields": {"split": self.split, "rows_in_this_worker": self.seen}})
+            progress.info("tfrecords progress",
+                          extra={"fields": {"split": self.split, "rows_in_this_worker": self.seen}})
         try:
             record = self.convert(row)
         except RowError as e:
@@ -313,7 +314,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, beam_args = parse_args(argv)
-    sources = {split: source for split, source in zip(SPLITS, (args.train, args.eval)) if source}
+    sources = {split: source for split, source in zip(SPLITS, (args.train, args.eval), strict=True) if source}
     try:
         labels = read_labels(args.labels_file) if args.labels_file else infer_labels(next(iter(sources.values())))
     except (OSError, ValueError) as e:

@@ -24,8 +24,7 @@ from training.export import MAX_WARMUP_IMAGES, export_saved_model
 from training.input import input_fn
 from training.models import DEFAULT_MODEL, MODEL_NAMES, ModelConfig
 from training.preprocessing import FEATURES
-from training.strategy import (MIXED_PRECISION, is_chief, per_replica_batch_size, resolve_strategy,
-                               set_mixed_precision)
+from training.strategy import MIXED_PRECISION, is_chief, per_replica_batch_size, resolve_strategy, set_mixed_precision
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +134,7 @@ class Trainer:
             per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.config.train_batch_size)
         gradients = tape.gradient(loss, self.model.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
         return loss
 
     @tf.function

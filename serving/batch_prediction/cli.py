@@ -13,8 +13,8 @@ from typing import Any
 
 from serving.batch_prediction import any_model, core
 
-ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"), "spark": ("serving.batch_prediction.spark_job", "pyspark",
-                                                                           "spark")}
+ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
+           "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:

@@ -4,8 +4,8 @@ Beam's DoFns (job, sources, model_handler) and Spark's partition function (spark
 nothing else for the work itself, so both engines read, key, decode, batch, predict and format alike:
 
 - reading and keying the input formats, where every input becomes either a `(key, payload)` record (the image
-  bytes; for any other SavedModel, a Predict instance or a serialized tf.Example: serving/batch_prediction/any_model.py) or
-  a `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
+  bytes; for any other SavedModel, a Predict instance or a serialized tf.Example: serving/batch_prediction/any_model.py)
+  or a `Failure` carrying its key and reason, so that results + errors always add up to the number of inputs. Keys are
   what a user can trace back: the file path, the TFRecord's `key` or `image/filename` feature, or the JSON line's
   `key`; a record without one is keyed by `<file>:<index>`;
 - decoding on the host with the server's preprocessing (TPUs cannot decode JPEGs);
@@ -33,8 +33,14 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 
-from exported_models.model_format import (DEFAULT_SIGNATURE, LABELS_ASSET, latest_version, read_labels,
-                                           read_signatures, version_labels)
+from exported_models.model_format import (
+    DEFAULT_SIGNATURE,
+    LABELS_ASSET,
+    latest_version,
+    read_labels,
+    read_signatures,
+    version_labels,
+)
 from serving.batch_prediction import any_model
 from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
@@ -419,7 +425,7 @@ class Scorer:
         predictions = predict_batch(self.model, [row for _, row in pending])
         self.counts.batches += 1
         self.counts.padded += self.model.batch_size - len(pending)
-        for (key, _), prediction in zip(pending, predictions):
+        for (key, _), prediction in zip(pending, predictions, strict=True):
             is_result, line = result_line(key, prediction, self.info, self.top_k)
             if is_result:
                 self.counts.predicted += 1
@@ -431,7 +437,7 @@ class Scorer:
 # --- the job around the records -----------------------------------------------------------------------------
 
 def prepare_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], list[str]],
-                       delete: Callable[[list[str]], None]) -> None:
+                       delete: Callable[[list[str]], object]) -> None:
     """Never mix two runs' shards: refuse a non-empty directory, or with --overwrite delete the old shards."""
     existing = match(posixpath.join(output_dir.rstrip("/"), "*"))
     if not existing:

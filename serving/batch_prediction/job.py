@@ -2,8 +2,8 @@
 
 Online serving answers single images; bulk scoring is a batch job, and on a TPU it needs fixed-size batches.
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the
-model on static padded batches (serving/batch_prediction/core.py, through model_handler.py) and writes sharded JSON Lines.
-Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
+model on static padded batches (serving/batch_prediction/core.py, through model_handler.py) and writes sharded JSON
+Lines. Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
 results + errors.
 
 Beam pipeline options (--runner, --project, --region, --temp_location, --direct_num_workers,
@@ -17,7 +17,7 @@ import argparse
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -100,7 +100,7 @@ class FormatRows(beam.DoFn):
 
     def process(self, element: Any) -> Iterator[Any]:
         is_result, line = ((False, element.to_json()) if isinstance(element, Failure)
-                           else core.result_line(*element, self._info, self._top_k))
+                           else core.result_line(*cast(tuple[Any, Any], element), self._info, self._top_k))
         Metrics.counter(METRICS_NAMESPACE, "predicted" if is_result else "failed").inc()
         yield line if is_result else beam.pvalue.TaggedOutput(ERRORS, line)
         stamp_work()
@@ -117,7 +117,8 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: Mode
     records, read_failures = pipeline | "Read" >> ReadRecords(args.input, args.input_format, info.mode)
     decoded = records | "Decode" >> beam.ParDo(DecodeImages(info)).with_outputs(
         FAILED, main="images")
-    handler = KeyedModelHandler(SavedModelHandler(info, args.batch_size, args.use_tpu, args.tpu))
+    handler: KeyedModelHandler[Any, Any, Any, Any] = KeyedModelHandler(
+        SavedModelHandler(info, args.batch_size, args.use_tpu, args.tpu))
     predictions = decoded.images | "Predict" >> RunInference(handler)
     rows = ((predictions, read_failures, decoded[FAILED]) | "Gather" >> beam.Flatten()
             | "Format" >> beam.ParDo(FormatRows(info, args.top_k)).with_outputs(ERRORS, main="results"))

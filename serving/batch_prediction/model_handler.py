@@ -14,7 +14,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
 
 from serving.batch_prediction.core import (  # noqa: F401  (read_model_info and StaticBatchClassifier: the job's names)
-    BatchModel, ModelInfo, StaticBatchClassifier, load_model, predict_batch, read_model_info, row_bytes)
+    BatchModel,
+    ModelInfo,
+    StaticBatchClassifier,
+    load_model,
+    predict_batch,
+    read_model_info,
+    row_bytes,
+)
 
 METRICS_NAMESPACE = "petal.batch"
 

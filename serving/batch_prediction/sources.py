@@ -1,7 +1,7 @@
 """Reading and keying the four batch-job input formats as Beam transforms, without ever losing a record.
 
-The reading and keying itself is serving/batch_prediction/core.py's, shared with the Spark job; these DoFns only count each
-input and route failures to their own output.
+The reading and keying itself is serving/batch_prediction/core.py's, shared with the Spark job; these DoFns only count
+each input and route failures to their own output.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ YARN (EMR, Dataproc), Kubernetes or Databricks.
 
 The driver lists the inputs and cuts them into partitions: one per TFRecord or JSON Lines file (its records
 stream through one batch at a time), and `--rows_per_partition` paths per partition for image files and file
-lists. Each task reads, decodes, batches, predicts and formats its records with serving/batch_prediction/core.py, the code
-the Beam job runs, so both engines give the same lines for the same records. The model loads once per executor
+lists. Each task reads, decodes, batches, predicts and formats its records with serving/batch_prediction/core.py, the
+code the Beam job runs, so both engines give the same lines for the same records. The model loads once per executor
 Python worker (Spark reuses them across tasks) with TensorFlow's thread pools sized to the task's cores.
 
 A task writes its shard under `_temporary/` and renames it to `prediction.results-<partition>-of-<N>` when it has
@@ -26,7 +26,7 @@ import posixpath
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import chain
 from typing import Any
@@ -45,7 +45,7 @@ progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal
 TEMPORARY = "_temporary"
 PROGRESS_SECONDS = 10.0
 # On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
-LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+LOCAL_CONF: dict[str, Any] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +128,13 @@ def _read(input_format: str, mode: str, unit: Any) -> Iterator[core.Record | cor
 _models: dict[tuple, tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]] = {}
 
 
+def _task() -> TaskContext:
+    """The running task's context, which Spark sets in every task (and these functions run only in tasks)."""
+    context = TaskContext.get()
+    assert context is not None
+    return context
+
+
 def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]:
     """The model and decoder of this executor Python worker, loaded by its first task and kept for the others.
 
@@ -137,14 +144,14 @@ def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core
     key = (job.info, job.batch_size, job.use_tpu, job.tpu)
     if key not in _models:
         if not _models:
-            cpus = TaskContext.get().cpus()
+            cpus = _task().cpus()
             tf.config.threading.set_intra_op_parallelism_threads(cpus)
             tf.config.threading.set_inter_op_parallelism_threads(cpus)
         _models[key] = (core.load_model(job.info, job.batch_size, job.use_tpu, job.tpu), core.make_decoder(job.info))
     return _models[key]
 
 
-def score_partition(job: PartitionJob, index: int, units: Iterator[Any]) -> Iterator[tuple[int, dict, float,
+def score_partition(job: PartitionJob, index: int, units: Iterable[Any]) -> Iterator[tuple[int, dict, float,
                                                                                             float]]:
     """One task: its records to a results shard and an errors part, committed by rename once complete.
 
@@ -153,11 +160,12 @@ def score_partition(job: PartitionJob, index: int, units: Iterator[Any]) -> Iter
     model, decoder = _model(job)
     started = time.time()
     scorer = core.Scorer(decoder, model, job.info, job.top_k)
-    attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{TaskContext.get().taskAttemptId()}")
+    attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
     with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
         for out in (results, errors):
             out.write("")  # GFile creates its file on the first write, and an empty shard must exist too
-        for is_result, line in scorer.score(chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)):
+        records = chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)
+        for is_result, line in scorer.score(records):
             (results if is_result else errors).write(line + "\n")
     tf.io.gfile.rename(f"{attempt}.errors", job.errors_part(index), overwrite=True)
     tf.io.gfile.rename(f"{attempt}.results", job.results_path(index), overwrite=True)
@@ -221,7 +229,7 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         "engine": "spark", "model": info.path, "input": args.input, "format": args.input_format,
         "output_dir": args.output_dir, "batch_size": args.batch_size, "partitions": job.partitions}})
     own_session = spark is None
-    spark = start_session(args) if own_session else spark
+    spark = start_session(args) if spark is None else spark
     started = time.monotonic()
     done = threading.Event()
     threading.Thread(target=log_progress, args=(spark, job.partitions, done), daemon=True).start()

@@ -20,8 +20,9 @@ import os
 import random
 import struct
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import requests
@@ -138,7 +139,7 @@ class Client:
             self.session = requests.Session()
             self.session.headers.update(security.header())
             # per request, not on the session: requests lets $REQUESTS_CA_BUNDLE override a session's `verify`
-            self.tls_arguments = {"verify": security.ca_file or True, "cert": (
+            self.tls_arguments: dict[str, Any] = {"verify": security.ca_file or True, "cert": (
                 (security.cert_file, security.key_file) if security.key_file else security.cert_file)}
             base = server if "://" in server else f"{'https' if security.uses_tls else 'http'}://{server}"
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")

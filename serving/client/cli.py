@@ -10,10 +10,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
+from exported_models.model_format import (
+    DEFAULT_MODEL_BASE_PATH,
+    DEFAULT_MODEL_NAME,
+    LABELS_ASSET,
+    latest_version,
+    read_labels,
+)
 from serving.client import TOKEN_ENV, Client, PetalError, Prediction, RequestError, Security, from_pairs
-from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, LABELS_ASSET, latest_version, read_labels
 from serving.core.errors import op_error_message
 from serving.core.images import top_k as top_k_pairs
 
@@ -90,9 +96,9 @@ def render(paths: Sequence[str], results: Sequence[Prediction | str], fmt: str) 
         return "\n".join(json.dumps({"image": path, "error": result} if isinstance(result, str) else
                                     {"image": path, "predictions": [{"label": label, "score": score}
                                                                     for label, score in result.top_k]})
-                         for path, result in zip(paths, results))
+                         for path, result in zip(paths, results, strict=False))
     rows = [("IMAGE", "RANK", "LABEL", "SCORE")]
-    for path, result in zip(paths, results):
+    for path, result in zip(paths, results, strict=False):
         if isinstance(result, str):
             rows.append((path, "-", "error", result))
         else:
