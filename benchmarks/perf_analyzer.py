@@ -142,9 +142,11 @@ def runs(models: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def main() -> int:
-    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
     from foreign_models import tf2_module
-    from server_harness import run_server, tiny_model_base
+    from server_harness import tiny_model_base
+
+    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
+    from serving import launcher
     from training.synth import CLASSES, render
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -172,7 +174,7 @@ def main() -> int:
                     f'name: "{FLOAT_MODEL}" base_path: "{os.path.join(folder, FLOAT_MODEL)}" '
                     'model_platform: "tensorflow" } }')
         models = {IMAGE_MODEL: image_data(photos, folder), FLOAT_MODEL: None}
-        with run_server(f"--model_config_file={config}", *args.petal_args.split()) as server:
+        with launcher.running([f"--model_config_file={config}", *args.petal_args.split()], cwd=ROOT) as server:
             print(f"perf_analyzer against Petal, {args.requests} requests a window, {width}x{height} JPEGs; "
                   "rate in requests/s, latencies and server times in ms")
             print(f"{'model':8} {'kind':10} {'conc':>4} {'rate':>7} {'p50':>7} {'p95':>7} {'p99':>7} "

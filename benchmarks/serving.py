@@ -7,13 +7,14 @@
 2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
    images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
    under Petal's one intra-op thread per caller), and its fastest single-image latency.
-3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict ({"instances": [{"b64": JPEG}]}),
-   gRPC Predict (a DT_STRING TensorProto, the way TF Serving's example clients send it) and KServe V2 infer with
-   Triton's binary BYTES extension; a second Petal with `--worker_class=gthread` (the older front end), with --ab_args a
-   third Petal with those flags added, and the baseline (benchmarks/naive_flask.py) get the same REST body. Each run is
-   a separate load-generator process on loopback: closed loop, one keep-alive connection per client, fixed
-   concurrency, warmup, then a fixed duration, with whole requests built before the clock starts. HTTP clients
-   share one selector thread (raw sockets); gRPC clients are a thread each with a channel of their own.
+3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict
+   ({"instances": [{"b64": JPEG}]}), gRPC Predict (a DT_STRING TensorProto, the way TF Serving's example clients
+   send it) and KServe V2 infer with Triton's binary BYTES extension; a second Petal with `--worker_class=gthread`
+   (the older front end), with --ab_args a third Petal with those flags added, and the baseline
+   (benchmarks/naive_flask.py) get the same REST body. Each run is a separate load-generator process on loopback:
+   closed loop, one keep-alive connection per client, fixed concurrency, warmup, then a fixed duration, with whole
+   requests built before the clock starts. HTTP clients share one selector thread (raw sockets); gRPC clients are a
+   thread each with a channel of their own.
 4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
    health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU per request.
 5. CPU is accounted per image (the server's processes from /proc, the load generator's own), which gives the bound
@@ -45,7 +46,6 @@ from collections.abc import Iterator
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 MODEL = "flowers"
 PREDICT_PATH = f"/v1/models/{MODEL}:predict"
@@ -268,7 +268,7 @@ def rest_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
 
 
 def petal_rest_requests(server, photos: list[bytes]) -> Requests:
-    """REST predict requests for a `petal serve` started by tests/server_harness.run_server."""
+    """REST predict requests for a `petal serve` started by serving.launcher."""
     return rest_requests(server.rest_port, server.proc.pid, photos)
 
 
@@ -345,6 +345,13 @@ def limit_main(argv: list[str]) -> int:
     return 0
 
 
+def _call_until(stop_at: float, signature, batches: list, size: int, counts: list[int], i: int) -> None:
+    """Caller `i` of the limit: batches of `size` photos in turn until `stop_at`, counting images into counts[i]."""
+    while time.monotonic() < stop_at:
+        signature(image_bytes=batches[(counts[i] // size + i) % len(batches)])["probabilities"].numpy()
+        counts[i] += size
+
+
 def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra: int) -> Limit:
     """The signature called directly on batches of the same photos, by one thread and by one per core (the
     graph alone may not fill every core, and the server runs a batch per core), and one photo at a time."""
@@ -360,14 +367,9 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
         for callers in sorted({1, os.cpu_count() or 1}):
             counts = [0] * callers
             stop_at = time.monotonic() + seconds
-
-            def call(i: int, counts: list[int], stop_at: float, batches: list, size: int) -> None:
-                while time.monotonic() < stop_at:
-                    signature(image_bytes=batches[(counts[i] // size + i) % len(batches)])["probabilities"].numpy()
-                    counts[i] += size
-
             started, cpu = time.monotonic(), time.process_time()
-            threads = [threading.Thread(target=call, args=(i, counts, stop_at, batches, size)) for i in range(callers)]
+            threads = [threading.Thread(target=_call_until, args=(stop_at, signature, batches, size, counts, i))
+                       for i in range(callers)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -413,7 +415,7 @@ def _post_ok(requests: Requests) -> bool:
 @contextlib.contextmanager
 def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
     """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs."""
-    from server_harness import free_port, get_status
+    from serving.launcher import free_port, get_status
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "naive_flask.py"), model_dir,
@@ -534,7 +536,7 @@ def main() -> int:
                         "measure what they change side by side (say --tensorflow_thread_nice=0)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server_harness import run_server
+    from serving import launcher
 
     base = args.model_base_path or default_model(args.image_size)
     from exported_models.model_format import latest_version
@@ -552,7 +554,7 @@ def main() -> int:
     samples = {name: {col: [] for col in titles} for name in sets}
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
-            run_server(f"--model_base_path={base}", *args.petal_args.split(), *flags))
+            launcher.running([f"--model_base_path={base}", *args.petal_args.split(), *flags], cwd=ROOT))
         server = petal()
         others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:

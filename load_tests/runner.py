@@ -2,7 +2,7 @@
 
 Locust runs in a subprocess (`python -m locust`), never in this process: importing Locust monkey-patches
 everything with gevent, and its own CSV and HTML reports come for free. This module makes the image corpus,
-optionally starts `petal serve`, runs Locust headless, and judges Locust's final stats with serving.slo.
+optionally starts `petal serve`, runs Locust headless, and judges Locust's final stats with load_tests.slo.
 """
 from __future__ import annotations
 
@@ -14,20 +14,30 @@ import logging
 import os
 import re
 import shlex
-import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from load_tests import sweep
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
-from load_tests.slo import ENDPOINTS, SLO, TOTAL, Breach, EndpointStats, SLOError, check, load_slo, parse_weights, \
-    read_locust_stats
+from load_tests import sweep
+from load_tests.slo import (
+    ENDPOINTS,
+    SLO,
+    TOTAL,
+    Breach,
+    EndpointStats,
+    SLOError,
+    check,
+    load_slo,
+    parse_weights,
+    read_locust_stats,
+)
+from serving import launcher
+from serving.launcher import free_port as free_port  # re-exported: the tests take a port nothing listens on here
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_SLO = Path(__file__).with_name("slo.toml")
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
-SERVER_STOP_GRACE_S = 10
-TOKEN_ENV = "PETAL_TOKEN"  # as serving.client's; the load tests import no serving module
+SERVER_STOP_GRACE_S = 10  # the run is over: a short grace, then no reason to wait for a slow drain
+TOKEN_ENV = "PETAL_TOKEN"  # as serving.client's; the load tests import no serving module but the launcher
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
 
 
@@ -124,12 +134,6 @@ def make_corpus(folder: Path, sizes: list[tuple[int, int]]) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _model_available(host: str, model_name: str, security: Security) -> bool:
     request = urllib.request.Request(f"{host}/v1/models/{model_name}",
                                      headers={"Authorization": f"Bearer {security.token}"} if security.token else {})
@@ -145,40 +149,19 @@ def _model_available(host: str, model_name: str, security: Security) -> bool:
 @contextlib.contextmanager
 def running_server(model_base_path: Path, model_name: str, log_path: Path, extra_flags: list[str],
                    timeout_s: float, security: Security = Security()) -> Iterator[Target]:
-    """`petal serve` on free loopback ports until the block ends; ready means the model reports AVAILABLE
-    (after its warmup), so the first measured requests do not pay for loading."""
+    """`petal serve` on free loopback ports (serving.launcher) until the block ends; ready means the model reports
+    AVAILABLE (after its warmup), so the first measured requests do not pay for loading."""
     if not model_base_path.is_dir() or not any(p.name.isdigit() for p in model_base_path.iterdir()):
         raise LoadTestError(f"no model versions under {model_base_path}: train and export one first "
                             "(petal train, petal export) or pass --model_base_path")
-    rest_port, grpc_port = free_port(), free_port()
-    scheme = "https" if any(flag.startswith("--ssl_config_file") for flag in extra_flags) else "http"
-    target = Target(f"{scheme}://127.0.0.1:{rest_port}", f"127.0.0.1:{grpc_port}")
-    command = [sys.executable, "-m", "petal", "serve", "--host=127.0.0.1", f"--port={grpc_port}",
-               f"--rest_api_port={rest_port}", f"--model_name={model_name}", f"--model_base_path={model_base_path}",
-               *extra_flags]
-    log.info("starting server", extra={"fields": {"command": shlex.join(command), "log": str(log_path)}})
-    with open(log_path, "wb") as server_log:
-        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT,
-                                   env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ})
+    flags = [f"--model_name={model_name}", f"--model_base_path={model_base_path}", *extra_flags]
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _model_available(target.host, model_name, security):
-            if process.poll() is not None:
-                raise LoadTestError(f"server did not start: `petal serve` exited with code {process.returncode};"
-                                    f" log {log_path}:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                raise LoadTestError(f"server did not start: model {model_name!r} not AVAILABLE after "
-                                    f"{timeout_s:g}s; log {log_path}:\n{_tail(log_path)}")
-            time.sleep(0.5)
-        log.info("server ready", extra={"fields": {"host": target.host, "grpc_host": target.grpc_host}})
-        yield target
-    finally:
-        process.terminate()  # the run is over: a short grace, then no reason to wait for a slow drain
-        try:
-            process.wait(timeout=SERVER_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        with launcher.running(flags, ready=lambda server: _model_available(server.rest_url, model_name, security),
+                              log_path=str(log_path), timeout_s=timeout_s, stop_timeout_s=SERVER_STOP_GRACE_S,
+                              tls=any(flag.startswith("--ssl_config_file") for flag in extra_flags)) as server:
+            yield Target(server.rest_url, server.grpc_target)
+    except launcher.ServerStartError as error:
+        raise LoadTestError(f"server did not start: {error}") from None
 
 
 def _tail(path: Path, lines: int = 15) -> str:

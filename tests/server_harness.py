@@ -1,4 +1,5 @@
-"""Start `petal serve` as a real gunicorn subprocess on free loopback ports, for every protocol's tests.
+"""Start `petal serve` as a real gunicorn subprocess on free loopback ports (serving.launcher), for every protocol's
+tests.
 
 Also builds the tiny test model once per test process (an untrained "compact" 32 px classifier exported with the
 training API), so protocol tests exercise a real SavedModel without paying for training.
@@ -9,18 +10,18 @@ import base64
 import io
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
+
+from serving import launcher
+from serving.launcher import Server as Server
+from serving.launcher import free_port as free_port
+from serving.launcher import free_ports as free_ports
+from serving.launcher import get_status as get_status
 
 if TYPE_CHECKING:
     from serving.core import DataPlane
@@ -28,36 +29,6 @@ if TYPE_CHECKING:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
 IMAGE_SIZE = 32
-STARTUP_TIMEOUT_S = 180
-
-
-@dataclass
-class Server:
-    rest_url: str
-    grpc_target: str
-    rest_port: int
-    grpc_port: int  # 0 when the ARGS gave --port
-    proc: subprocess.Popen
-    log_path: str
-
-    def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free ports: every socket stays bound until all are chosen."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def b64(data: bytes) -> dict:
@@ -65,67 +36,17 @@ def b64(data: bytes) -> dict:
     return {"b64": base64.b64encode(data).decode()}
 
 
-def get_status(url: str, context: ssl.SSLContext | None = None) -> int:
-    """The HTTP status of a GET, or 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
-
-
-def _has_flag(args: tuple[str, ...], name: str) -> bool:
-    return any(a == name or a.startswith(name + "=") for a in args)
-
-
-def _flag_value(args: tuple[str, ...], name: str) -> str | None:
-    return next((a.split("=", 1)[1] for a in args if a.startswith(name + "=")), None)
-
-
-@contextmanager
 def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,
-               stop_timeout: float = 60.0, tls_context: ssl.SSLContext | None = None) -> Iterator[Server]:
-    """`petal serve ARGS` on free ports; yields once /readyz is 200 (or /healthz, with wait_ready=False).
+               stop_timeout: float = 60.0, tls_context: ssl.SSLContext | None = None) -> AbstractContextManager[Server]:
+    """`petal serve ARGS` on free ports (host and ports as serving.launcher.start chooses them); yields once /readyz
+    is 200 (or /healthz, with wait_ready=False).
 
-    It binds 127.0.0.1 unless ARGS say `--host=ADDRESS` (another loopback address, say), and the URLs follow.
     With `tls_context` (for a server given --ssl_config_file) the REST URL is https and the probe uses it.
+    TensorFlow's C++ logs stay at warnings whatever this environment says, unless `env` says otherwise.
     """
-    args = tuple(petal_serve_args)
-    host = _flag_value(args, "--host") or "127.0.0.1"
-    rest_port = free_port()
-    grpc_port = 0 if _has_flag(args, "--port") else free_port()
-    extra = [f"--host={host}", f"--rest_api_port={rest_port}"]
-    if grpc_port:
-        extra.append(f"--port={grpc_port}")
-    log_file = tempfile.NamedTemporaryFile(prefix="petal-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "petal", "serve", *extra, *args], cwd=ROOT,
-                            stdout=log_file, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    scheme = "https" if tls_context else "http"
-    server = Server(f"{scheme}://{host}:{rest_port}", f"{host}:{grpc_port}", rest_port, grpc_port, proc,
-                    log_file.name)
-    try:
-        probe = server.rest_url + ("/readyz" if wait_ready else "/healthz")
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while get_status(probe, tls_context) != 200:
-            if proc.poll() is not None:
-                raise RuntimeError(f"petal serve exited with {proc.returncode}:\n{server.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"petal serve not ready after {STARTUP_TIMEOUT_S}s:\n{server.log()[-4000:]}")
-            time.sleep(0.1)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log_file.close()
-        os.unlink(log_file.name)
+    probe = launcher.answers("/readyz" if wait_ready else "/healthz", tls_context)
+    return launcher.running(petal_serve_args, ready=probe, stop_timeout_s=stop_timeout, tls=tls_context is not None,
+                            cwd=ROOT, env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
 
 
 @contextmanager
