@@ -16,6 +16,7 @@ from typing import Any
 import flask
 import numpy as np
 
+from serving.config import ProtocolOptions
 from serving.core import Code, DataPlane, ServingError, invalid, not_found
 from serving.protocols import admission, v2
 from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
@@ -186,7 +187,7 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 
 # ---- routes -----------------------------------------------------------------------------------------------
 
-def create_blueprint(core: DataPlane) -> flask.Blueprint:
+def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
     error handlers make it), except health answers, whose bodies are empty (SPEC §6)."""
     bp = flask.Blueprint("kserve_v2", __name__)
@@ -226,8 +227,8 @@ def create_blueprint(core: DataPlane) -> flask.Blueprint:
     @bp.post("/v2/models/<model>/infer")
     @bp.post("/v2/models/<model>/versions/<version>/infer")
     def infer(model: str, version: str | None = None) -> flask.Response:
-        deadline = time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0
-        request, tail = split_body(request_body(core.options.max_request_bytes),
+        deadline = time.monotonic() + options.rest_api_timeout_in_ms / 1000.0
+        request, tail = split_body(request_body(options.max_request_bytes),
                                    flask.request.headers.get(HEADER_LENGTH))
         parameters = object_field(request, "parameters", "The request's ")
         base64_default = parameters.get("content_type") == "base64"

@@ -18,6 +18,7 @@ import numpy as np
 from google.protobuf import json_format
 from werkzeug.routing import BaseConverter
 
+from serving.config import ProtocolOptions
 from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, SignatureInfo, Task, input_from_json,
                           invalid)
 from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
@@ -227,10 +228,9 @@ def malformed() -> ServingError:
     return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
 
 
-def create_blueprint(core: DataPlane) -> flask.Blueprint:
+def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
     """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
     bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
-    options = core.options
     timeout = options.rest_api_timeout_in_ms / 1000.0
     spec_rules = {"latest": "/<segment:name>", "version": "/<segment:name>/versions/<segment:version>",
                   "label": "/<segment:name>/labels/<segment:label>"}
