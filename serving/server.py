@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from serving.config import ProtocolOptions, ServerOptions, TLSOptions, bind_address, parse_args
 from serving import metrics
+from serving.config import ProtocolOptions, ServerOptions, TLSOptions, bind_address, parse_args
 from serving.protocols import unix_socket
 
 if TYPE_CHECKING:  # TensorFlow comes with the core, and only the workers import it
@@ -178,8 +178,8 @@ class PetalApplication(BaseApplication):
             "petal_tls": (tls, *self.tls_files) if tls and self.tls_files else None})
 
     def load(self):
-        from serving.worker import create_core
         from serving.protocols.app import create_app
+        from serving.worker import create_core
 
         options = self.options
         core = create_core(options, ports_to_open=int(serves_grpc(options.protocols)))

@@ -11,8 +11,9 @@ import functools
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Union
+from typing import Any
 
 import numpy as np
 from tensorflow_serving.apis import input_pb2
@@ -24,17 +25,17 @@ from serving.core import examples, images
 from serving.core.batching import Batcher, run_inline
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
-from serving.metrics import Metrics, VersionStatistics
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionStatus
 from serving.core.servable import Servable
 from serving.core.startup import Startup
+from serving.metrics import Metrics, VersionStatistics
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
 ALL_CLASSES = 1 << 30  # Classify on an image signature answers every class
 # Arrays by input name, or a function of the signature that builds them (see DataPlane.predict).
-Inputs = Union[dict[str, np.ndarray], Callable[[SignatureInfo], dict[str, object]]]
+Inputs = dict[str, np.ndarray] | Callable[[SignatureInfo], dict[str, Any]]
 
 NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16, "DT_INT8": np.int8,
                 "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64, "DT_UINT8": np.uint8,
@@ -91,8 +92,8 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
 
 def check_shape(name: str, array: np.ndarray, info: TensorInfo) -> None:
     """The signature's declared shape, as a model whose functions enforce it (TF2) would refuse the input."""
-    if info.shape is not None and (array.ndim != len(info.shape) or
-                                   any(want not in (-1, have) for want, have in zip(info.shape, array.shape))):
+    if info.shape is not None and (array.ndim != len(info.shape) or any(
+            want not in (-1, have) for want, have in zip(info.shape, array.shape, strict=True))):
         raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                       f"{info.shape} (-1 is any size)")
 

@@ -74,7 +74,7 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     app = flask.Flask("petal")
     app.config["MAX_CONTENT_LENGTH"] = protocols.max_request_bytes
     app.url_map.converters.update(segment=rest.SegmentConverter)
-    app.wsgi_app = NormalizeV1Paths(app.wsgi_app)
+    app.wsgi_app = NormalizeV1Paths(app.wsgi_app)  # type: ignore[method-assign]  # Flask's way to add middleware
 
     authenticator = auth.Authenticator(security.tokens, security.enable_model_control)
     open_endpoints = PROBE_ENDPOINTS | ({"metrics"} if not security.metrics_require_auth else set())

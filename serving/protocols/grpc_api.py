@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -23,15 +24,35 @@ from google.protobuf import wrappers_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow.core.framework import tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     inference_pb2, model_management_pb2, model_pb2, predict_pb2,
-                                     prediction_service_pb2_grpc, model_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
-from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
-from serving.memory import BODY_BYTES_FACTOR
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, DataPlane, Result, ServingError, SignatureInfo, Task,
-                          deadline_exceeded, invalid, unavailable)
 from serving import threads
+from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
+from serving.core import (
+    CLASSIFY_METHOD,
+    REGRESS_METHOD,
+    Code,
+    DataPlane,
+    Result,
+    ServingError,
+    SignatureInfo,
+    Task,
+    deadline_exceeded,
+    invalid,
+    unavailable,
+)
+from serving.memory import BODY_BYTES_FACTOR
 from serving.protocols import access_log, auth, tensor_proto, unix_socket
 
 log = logging.getLogger(__name__)
@@ -124,7 +145,8 @@ def inference_result(model: str, version: int, result: Result) -> inference_pb2.
             answer.classification_result.classifications.add().classes.extend(
                 classification_pb2.Class(label=label, score=score) for label, score in row)
     else:
-        answer.regression_result.regressions.extend(regression_pb2.Regression(value=v) for v in result.regressions)
+        regressions = result.regressions or ()
+        answer.regression_result.regressions.extend(regression_pb2.Regression(value=v) for v in regressions)
     return answer
 
 

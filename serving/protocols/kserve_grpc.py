@@ -80,11 +80,11 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
                       "per input, in order")
     sent: list[bytes | None] = raw or [None] * len(request.inputs)
     counts = [v2.declared_count(tensor.name, tensor.datatype, list(tensor.shape)) for tensor in request.inputs]
-    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent))
+    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent, strict=False))
     if total > limit:
         raise invalid(f"Inputs would decode to {total} bytes, over the {limit}-byte limit (--grpc_max_message_bytes)")
     inputs = {}
-    for tensor, count, data in zip(request.inputs, counts, sent):
+    for tensor, count, data in zip(request.inputs, counts, sent, strict=False):
         if tensor.name in inputs:
             raise invalid(f"Input {tensor.name!r} is given twice")
         inputs[tensor.name] = decode_tensor(tensor, data, count)

@@ -12,6 +12,7 @@ import base64
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeGuard
 
 import flask
 import numpy as np
@@ -19,10 +20,25 @@ from google.protobuf import json_format
 from werkzeug.routing import BaseConverter
 
 from serving.config import ProtocolOptions
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, SignatureInfo, Task, input_from_json,
-                          invalid)
-from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
-                              parse_version, request_body, string_field)
+from serving.core import (
+    CLASSIFY_METHOD,
+    REGRESS_METHOD,
+    DataPlane,
+    ServingError,
+    SignatureInfo,
+    Task,
+    input_from_json,
+    invalid,
+)
+from serving.protocols.httputil import (
+    ascii_int,
+    b64decode,
+    json_response,
+    parse_json,
+    parse_version,
+    request_body,
+    string_field,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +59,7 @@ def _b64(value: dict) -> bytes:
     return b64decode(value["b64"], "'b64'")
 
 
-def _is_b64(value: object) -> bool:
+def _is_b64(value: object) -> TypeGuard[dict]:
     return isinstance(value, dict) and len(value) == 1 and "b64" in value
 
 
@@ -163,7 +179,7 @@ def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
     if len(columns) == 1:
         return {"predictions": next(iter(columns.values()))}
     names = list(columns)
-    return {"predictions": [dict(zip(names, row)) for row in zip(*columns.values())]}
+    return {"predictions": [dict(zip(names, row, strict=False)) for row in zip(*columns.values(), strict=False)]}
 
 
 def status_response(statuses) -> dict:
@@ -262,7 +278,7 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
         if results[0].classifications is not None:
             return json_response({"results": [[[lbl, float32_json(s)] for lbl, s in row]
                                               for row in results[0].classifications]})
-        return json_response({"results": [float32_json(v) for v in results[0].regressions]})
+        return json_response({"results": [float32_json(v) for v in results[0].regressions or ()]})
 
     def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         return infer(CLASSIFY_METHOD, name, version, label, deadline)
