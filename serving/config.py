@@ -8,15 +8,22 @@ import importlib.metadata
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.cpus import available_cores
-from serving.memory import (BODY_BYTES_FACTOR, BYTES_PER_PIXEL, available_memory, default_memory_budget,
-                            default_pixel_share)
+from serving.memory import (
+    BODY_BYTES_FACTOR,
+    BYTES_PER_PIXEL,
+    available_memory,
+    default_memory_budget,
+    default_pixel_share,
+)
 from serving.model_server_flags import UNIMPLEMENTED
 from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
 
@@ -51,7 +58,7 @@ class BatchingOptions:
                              f"{sizes} for max_batch_size {self.max_batch_size}")
 
     @classmethod
-    def from_proto(cls, proto) -> "BatchingOptions":
+    def from_proto(cls, proto) -> BatchingOptions:
         """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults."""
         values = {}
         for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
@@ -88,12 +95,9 @@ class Token:
 
 
 @dataclass
-class ServerOptions:
-    port: int = 8500
-    grpc_socket_path: str = ""  # gRPC on this Unix socket too (serving/protocols/unix_socket.py)
-    grpc_max_threads: int = 64  # enough that requests can wait in the batcher together: a batch forms only from them
-    rest_api_port: int = 8501
-    host: str = "0.0.0.0"
+class DataPlaneOptions:
+    """What one worker's DataPlane serves and how: its models and their config file, batching, warmup, how
+    TensorFlow runs them, and the image and memory budgets it admits requests against."""
     model_name: str = DEFAULT_MODEL_NAME
     model_base_path: str = DEFAULT_MODEL_BASE_PATH
     model_config_file: str = ""
@@ -101,51 +105,103 @@ class ServerOptions:
     file_system_poll_wait_seconds: float = 1.0
     enable_batching: bool = True
     batching_parameters_file: str = ""
-    rest_api_timeout_in_ms: int = 30000
+    batching: BatchingOptions = field(default_factory=BatchingOptions)
     enable_model_warmup: bool = True
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     tensorflow_thread_nice: int = 10
+    max_image_pixels: int = 40_000_000
+    max_inflight_pixels: int = 0  # 0: derived from the memory budget; -1: no budget
+    memory_budget_bytes: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
+    model_root: str = ""
+    saved_model_tags: str = "serve"
+    prefer_tflite_model: bool = False
+
+    def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
+        """The models to serve, from --model_config_file or --model_name/--model_base_path, checked
+        (`check_model_config`)."""
+        if self.model_config_file:
+            return read_model_config(self.model_config_file, self.model_root)
+        config = model_server_config_pb2.ModelServerConfig()
+        model = config.model_config_list.config.add()
+        model.name, model.base_path, model.model_platform = self.model_name, self.model_base_path, "tensorflow"
+        check_model_config(config, self.model_root)
+        return config
+
+
+@dataclass
+class ProtocolOptions:
+    """What the listeners and the protocol adapters read: ports and address, gRPC's threads, message size and
+    channel arguments, connection limits and timeouts, the REST deadline and body limit, CORS, the web UI, the
+    metrics path and the access log."""
+    port: int = 8500
+    grpc_socket_path: str = ""  # gRPC on this Unix socket too (serving/protocols/unix_socket.py)
+    grpc_max_threads: int = 64  # enough that requests can wait in the batcher together: a batch forms only from them
+    rest_api_port: int = 8501
+    host: str = "0.0.0.0"
+    rest_api_timeout_in_ms: int = 30000
     monitoring_config_file: str = ""
+    metrics_path: str | None = DEFAULT_METRICS_PATH
     grpc_max_message_bytes: int = 64 * MB
     grpc_channel_arguments: str = ""
-    workers: int = 1
-    worker_class: str = "gevent"
-    threads: int = 32
     max_connections: int = 1000
     keepalive_timeout: float = 75.0
     request_header_timeout: float = 10.0
     request_body_timeout: float = 10.0
     max_request_bytes: int = 32 * MB
-    max_image_pixels: int = 40_000_000
-    max_inflight_pixels: int = 0  # 0: derived from the memory budget; -1: no budget
-    memory_budget_bytes: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
-    graceful_timeout: float = 30.0
-    batching: BatchingOptions = field(default_factory=BatchingOptions)
-    metrics_path: str | None = DEFAULT_METRICS_PATH
     cors_allowed_origins: tuple[str, ...] = ()  # none: browsers allow same-origin calls only
     disable_web_ui: bool = False
+    access_log: bool = False
+
+
+@dataclass
+class SecurityOptions:
+    """TLS on both ports, the bearer tokens and their roles, and what may be called without one."""
     ssl_config_file: str = ""
     tls: TLSOptions | None = None
     auth_token_file: str = ""
     tokens: tuple[Token, ...] = ()
     enable_model_control: bool = False
     metrics_require_auth: bool = False
-    model_root: str = ""
-    access_log: bool = False
-    reload_dir: str = ""  # set by `petal serve` with --workers > 1: where a reload RPC's config reaches every worker
+
+
+@dataclass
+class ProcessOptions:
+    """How `petal serve` runs its workers (gunicorn's settings)."""
+    workers: int = 1
+    worker_class: str = "gevent"
+    threads: int = 32
+    graceful_timeout: float = 30.0
+    reload_dir: str = ""  # set by `petal serve` with --workers > 1: the folder its workers share (serving/worker.py)
+
+
+Group = TypeVar("Group", DataPlaneOptions, ProtocolOptions, SecurityOptions, ProcessOptions)
+
+
+@dataclass
+class ServerOptions:
+    """Every `petal serve` option, in the groups that read them, so each part is handed only its own."""
+    dataplane: DataPlaneOptions = field(default_factory=DataPlaneOptions)
+    protocols: ProtocolOptions = field(default_factory=ProtocolOptions)
+    security: SecurityOptions = field(default_factory=SecurityOptions)
+    process: ProcessOptions = field(default_factory=ProcessOptions)
     # tensorflow_model_server flags given that change nothing in Petal, each with what Petal does instead
     ineffective_flags: tuple[tuple[str, str], ...] = ()
-    saved_model_tags: str = "serve"
-    prefer_tflite_model: bool = False
 
-    def model_server_config(self) -> model_server_config_pb2.ModelServerConfig:
-        if self.model_config_file:
-            return read_model_config(self.model_config_file)
-        config = model_server_config_pb2.ModelServerConfig()
-        model = config.model_config_list.config.add()
-        model.name, model.base_path, model.model_platform = self.model_name, self.model_base_path, "tensorflow"
-        return config
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> ServerOptions:
+        """Each value in the group that has a field of its name; names that are no option's are left out."""
+        def group(kind: type[Group]) -> Group:
+            return kind(**{f.name: values[f.name] for f in dataclasses.fields(kind) if f.name in values})
+        return cls(group(DataPlaneOptions), group(ProtocolOptions), group(SecurityOptions), group(ProcessOptions))
+
+
+def option_defaults() -> dict[str, Any]:
+    """Every option's default by name, read off the groups, so the flags hold no second copy of them."""
+    defaults = ServerOptions()
+    return {f.name: getattr(group, f.name)
+            for group in (defaults.dataplane, defaults.protocols, defaults.security, defaults.process)
+            for f in dataclasses.fields(group)}
 
 
 def bind_address(host: str, port: int) -> str:
@@ -163,31 +219,38 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def read_model_config(path: str) -> model_server_config_pb2.ModelServerConfig:
-    """A text-format ModelServerConfig; relative base paths are taken relative to the working directory."""
+def read_model_config(path: str, model_root: str = "") -> model_server_config_pb2.ModelServerConfig:
+    """A text-format ModelServerConfig, checked (`check_model_config`); relative base paths are taken relative to
+    the working directory."""
     with open(path) as f:
         config = text_format.Parse(f.read(), model_server_config_pb2.ModelServerConfig())
-    if config.WhichOneof("config") != "model_config_list":
-        raise ValueError(f"{path}: only model_config_list is supported")
-    for model in config.model_config_list.config:
-        if not model.name or not model.base_path:
-            raise ValueError(f"{path}: every config needs a name and a base_path")
-        if model.model_platform not in ("", "tensorflow"):
-            raise ValueError(f"{path}: model_platform {model.model_platform!r} is not supported")
+    try:
+        check_model_config(config, model_root)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     return config
 
 
-def check_model_root(config: model_server_config_pb2.ModelServerConfig, root: str) -> None:
-    """With --model_root, every base path must resolve (symlinks followed) inside it: a reload RPC or a config
-    file must not point the server at the rest of the disk. ValueError names the first path that does not."""
-    if not root:
+def check_model_config(config: model_server_config_pb2.ModelServerConfig, model_root: str = "") -> None:
+    """The rules every model config meets wherever it comes from (the flags, --model_config_file at start and
+    each time it is re-read, the reload RPC): a model_config_list of TensorFlow models, each with a name and a base
+    path, and with --model_root every base path resolved (symlinks followed) inside it, so that no config points
+    the server at the rest of the disk. ValueError names the first rule broken."""
+    if config.WhichOneof("config") != "model_config_list":
+        raise ValueError("only model_config_list is supported")
+    for model in config.model_config_list.config:
+        if not model.name or not model.base_path:
+            raise ValueError("every config needs a name and a base_path")
+        if model.model_platform not in ("", "tensorflow"):
+            raise ValueError(f"model_platform {model.model_platform!r} is not supported")
+    if not model_root:
         return
-    real_root = os.path.realpath(root)
+    real_root = os.path.realpath(model_root)
     for model in config.model_config_list.config:
         real = os.path.realpath(model.base_path)
         if os.path.commonpath([real_root, real]) != real_root:
             raise ValueError(f"model {model.name!r}: base path {model.base_path!r} is outside --model_root "
-                             f"{root!r}")
+                             f"{model_root!r}")
 
 
 def read_ssl_config(path: str) -> TLSOptions:
@@ -257,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="petal serve", description="Serve SavedModels over TF Serving's REST and gRPC APIs and KServe V2. "
         "Takes tensorflow_model_server's flags; booleans accept --flag=true/false.")
     flag = parser.add_argument
-    boolean = {"type": parse_bool, "nargs": "?", "const": True, "metavar": "true|false"}
-    d = ServerOptions()
+    boolean: dict[str, Any] = {"type": parse_bool, "nargs": "?", "const": True, "metavar": "true|false"}
+    d = argparse.Namespace(**option_defaults())
     flag("--port", type=int, default=d.port, help="gRPC port; 0 turns gRPC off")
     flag("--grpc_socket_path", default=d.grpc_socket_path,
          help="also serve gRPC on this Unix socket file (with --workers > 1, one worker serves it)")
@@ -341,34 +404,36 @@ def build_parser() -> argparse.ArgumentParser:
     compatible = parser.add_argument_group("tensorflow_model_server flags Petal takes without implementing them",
                                            "a value other than Petal's own behaviour is refused or warned about "
                                            "(docs/flags.md)")
-    kinds = {"bool": boolean, "int": {"type": int}, "float": {"type": float}, "str": {}}
+    kinds: dict[str, dict[str, Any]] = {"bool": boolean, "int": {"type": int}, "float": {"type": float}, "str": {}}
     for unimplemented in UNIMPLEMENTED:
         compatible.add_argument(f"--{unimplemented.name}", default=None, help=unimplemented.why,
                                 **kinds[unimplemented.kind])
     flag("--saved_model_tags", default=d.saved_model_tags, help="comma-separated tags of the MetaGraph to load")
-    flag("--prefer_tflite_model", default=d.prefer_tflite_model, help="serve a version's model.tflite when it has one", **boolean)
+    flag("--prefer_tflite_model", default=d.prefer_tflite_model, help="serve a version's model.tflite when it has one",
+         **boolean)
     return parser
 
 
 def resolve_memory_budget(options: ServerOptions, memory: int | None = None) -> None:
     """Fill in the derived budget and pixel share (serving/memory.py) for `memory` bytes (default: this machine's
     or cgroup's limit); -1 for either turns the whole budget off."""
-    if options.memory_budget_bytes < 0 or options.max_inflight_pixels < 0:
-        options.memory_budget_bytes = options.max_inflight_pixels = -1
+    d = options.dataplane
+    if d.memory_budget_bytes < 0 or d.max_inflight_pixels < 0:
+        d.memory_budget_bytes = d.max_inflight_pixels = -1
         return
-    if 0 < options.max_inflight_pixels < options.max_image_pixels:
+    if 0 < d.max_inflight_pixels < d.max_image_pixels:
         raise ValueError("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could "
                          "never run")
-    if options.memory_budget_bytes == 0:
-        pixels = max(options.max_inflight_pixels, options.max_image_pixels)
-        floor = pixels * BYTES_PER_PIXEL + options.max_request_bytes * BODY_BYTES_FACTOR
+    if d.memory_budget_bytes == 0:
+        pixels = max(d.max_inflight_pixels, d.max_image_pixels)
+        floor = pixels * BYTES_PER_PIXEL + options.protocols.max_request_bytes * BODY_BYTES_FACTOR
         memory = available_memory() if memory is None else memory
-        options.memory_budget_bytes = default_memory_budget(memory, options.workers, floor)
-    if options.max_inflight_pixels == 0:
-        options.max_inflight_pixels = default_pixel_share(options.memory_budget_bytes, options.max_image_pixels)
-    if options.max_inflight_pixels * BYTES_PER_PIXEL >= options.memory_budget_bytes:
-        raise ValueError(f"--memory_budget_bytes ({options.memory_budget_bytes}) must be larger than the decoded "
-                         f"pixels it keeps (--max_inflight_pixels {options.max_inflight_pixels}, "
+        d.memory_budget_bytes = default_memory_budget(memory, options.process.workers, floor)
+    if d.max_inflight_pixels == 0:
+        d.max_inflight_pixels = default_pixel_share(d.memory_budget_bytes, d.max_image_pixels)
+    if d.max_inflight_pixels * BYTES_PER_PIXEL >= d.memory_budget_bytes:
+        raise ValueError(f"--memory_budget_bytes ({d.memory_budget_bytes}) must be larger than the decoded "
+                         f"pixels it keeps (--max_inflight_pixels {d.max_inflight_pixels}, "
                          f"{BYTES_PER_PIXEL} bytes each), to leave room for request bodies")
 
 
@@ -380,42 +445,43 @@ def parse_args(argv: list[str]) -> ServerOptions:
         print(f"TensorFlow ModelServer: petal {importlib.metadata.version('petal')}\n"
               f"TensorFlow Library: {importlib.metadata.version('tensorflow')}")
         sys.exit(0)
-    names = {f.name for f in dataclasses.fields(ServerOptions)}
-    options = ServerOptions(**{k: v for k, v in vars(args).items() if k in names})
+    options = ServerOptions.from_values(vars(args))
+    d, protocols, security = options.dataplane, options.protocols, options.security
     options.ineffective_flags = unimplemented_flags(parser, args)
     if args.rest_api_port == 0:
         parser.error("--rest_api_port=0: Petal always serves REST (its health probes live there); give it a port")
-    if args.rest_api_enable_cors_support and not options.cors_allowed_origins:
-        options.cors_allowed_origins = ("*",)
+    if args.rest_api_enable_cors_support and not protocols.cors_allowed_origins:
+        protocols.cors_allowed_origins = ("*",)
     parallelism = args.tensorflow_session_parallelism
-    if parallelism > 0 and options.tensorflow_intra_op_parallelism > 0 and options.tensorflow_inter_op_parallelism > 0:
+    if parallelism > 0 and d.tensorflow_intra_op_parallelism > 0 and d.tensorflow_inter_op_parallelism > 0:
         parser.error("give either --tensorflow_session_parallelism or --tensorflow_intra_op_parallelism and "
                      "--tensorflow_inter_op_parallelism, not all three")
-    if parallelism > 0 and not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism):
-        options.tensorflow_intra_op_parallelism = options.tensorflow_inter_op_parallelism = parallelism
+    if parallelism > 0 and not (d.tensorflow_intra_op_parallelism or d.tensorflow_inter_op_parallelism):
+        d.tensorflow_intra_op_parallelism = d.tensorflow_inter_op_parallelism = parallelism
     try:
         if args.batching_parameters_file:
-            options.batching = read_batching_parameters(args.batching_parameters_file)
+            d.batching = read_batching_parameters(args.batching_parameters_file)
         if args.monitoring_config_file:
-            options.metrics_path = read_metrics_path(args.monitoring_config_file)
+            protocols.metrics_path = read_metrics_path(args.monitoring_config_file)
         if args.ssl_config_file:
-            options.tls = read_ssl_config(args.ssl_config_file)
+            security.tls = read_ssl_config(args.ssl_config_file)
         if args.auth_token_file:
-            options.tokens = read_token_file(args.auth_token_file)
+            security.tokens = read_token_file(args.auth_token_file)
         if args.model_root and not os.path.isdir(args.model_root):
             raise ValueError(f"--model_root {args.model_root!r} is not a folder")
-        check_model_root(options.model_server_config(), args.model_root)
+        d.model_server_config()  # read and checked here, so that a bad config fails at start with its path
     except (OSError, ValueError, text_format.ParseError) as error:
         parser.error(str(error))
     try:
         resolve_memory_budget(options)
     except ValueError as error:
         parser.error(str(error))
-    if options.tls and options.worker_class != "gevent":
+    process = options.process
+    if security.tls and process.worker_class != "gevent":
         parser.error("--ssl_config_file needs --worker_class=gevent (the REST port's TLS lives in its worker)")
-    if min(options.workers, options.threads, options.max_connections, options.grpc_max_threads) < 1:
+    if min(process.workers, process.threads, protocols.max_connections, protocols.grpc_max_threads) < 1:
         parser.error("--workers, --threads, --max_connections and --grpc_max_threads must be at least 1")
-    if min(options.keepalive_timeout, options.request_header_timeout, options.request_body_timeout) <= 0:
+    if min(protocols.keepalive_timeout, protocols.request_header_timeout, protocols.request_body_timeout) <= 0:
         parser.error("--keepalive_timeout, --request_header_timeout and --request_body_timeout must be positive")
     return options
 

@@ -19,13 +19,19 @@ import signal
 import sys
 import tempfile
 import threading
+from typing import TYPE_CHECKING
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from serving.config import ServerOptions, TLSOptions, bind_address, parse_args
 from serving import metrics
+from serving.config import ProtocolOptions, ServerOptions, TLSOptions, bind_address, parse_args
 from serving.protocols import unix_socket
+
+if TYPE_CHECKING:  # TensorFlow comes with the core, and only the workers import it
+    import grpc
+
+    from serving.core import DataPlane
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +39,8 @@ WORKER_HEARTBEAT_TIMEOUT_S = 120
 REFUSAL_HEADROOM = 64  # connections past --max_connections that the gevent worker accepts only to refuse
 
 
-def serves_grpc(options: ServerOptions) -> bool:
-    return bool(options.port or options.grpc_socket_path)
+def serves_grpc(protocols: ProtocolOptions) -> bool:
+    return bool(protocols.port or protocols.grpc_socket_path)
 
 
 class GrpcAfterLoad:
@@ -42,9 +48,10 @@ class GrpcAfterLoad:
     the port and then calls must find every configured model loaded, as with TF Serving. Until it is bound it
     holds the worker's startup (so /readyz is not 200 before a gRPC client could connect)."""
 
-    def __init__(self, core) -> None:
+    def __init__(self, core: DataPlane, options: ServerOptions) -> None:
         self.core = core
-        self.server = None
+        self.options = options
+        self.server: grpc.Server | None = None
         threading.Thread(target=self._start, name="petal-grpc-start", daemon=True).start()
 
     def _start(self) -> None:
@@ -52,15 +59,16 @@ class GrpcAfterLoad:
 
         self.core.wait_loaded()
         try:
-            if not self.core.shutting_down:
-                self.server = grpc_api.start(self.core)
+            if not self.core.draining():
+                self.server = grpc_api.start(self.core, self.options.protocols, self.options.security,
+                                             self.options.process.reload_dir)
         except Exception:  # a port in use, say: fail the way a worker that cannot boot does, stopping the server
             logger.exception("gRPC failed to start")
             os._exit(Arbiter.WORKER_BOOT_ERROR)
         finally:
             self.core.startup.port_opened()
-        if self.core.shutting_down:  # a SIGTERM that came while it bound found no server to stop
-            self.stop(self.core.options.graceful_timeout)
+        if self.core.draining():  # a SIGTERM that came while it bound found no server to stop
+            self.stop(self.options.process.graceful_timeout)
 
     def stop(self, grace: float) -> threading.Event | None:
         """Refuse new RPCs now and let running ones finish within `grace`; the event is set once it has stopped."""
@@ -73,12 +81,12 @@ def _post_worker_init(worker) -> None:
     from serving import worker as process
 
     core = process.current()
-    options: ServerOptions = core.options
-    if options.workers > 1:
+    options: ServerOptions = worker.app.options  # the PetalApplication's
+    if options.process.workers > 1:
         # Workers share the listening sockets, so a worker accepting before its models are loaded would make REST
         # calls wait while its siblings serve. Each loads first; /healthz is up with the first.
         core.wait_loaded()
-    grpc_server = GrpcAfterLoad(core) if serves_grpc(options) else None
+    grpc_server = GrpcAfterLoad(core, options) if serves_grpc(options.protocols) else None
     worker.petal_grpc = grpc_server
     gunicorn_handler = worker.handle_exit
 
@@ -87,15 +95,15 @@ def _post_worker_init(worker) -> None:
         if grpc_server is not None:
             # under gevent a signal handler runs on the loop, where a blocking call is not allowed, so the stop
             # runs in a greenlet of its own
-            if options.worker_class == "gevent":
+            if options.process.worker_class == "gevent":
                 import gevent
-                gevent.spawn(grpc_server.stop, options.graceful_timeout)
+                gevent.spawn(grpc_server.stop, options.process.graceful_timeout)
             else:
-                grpc_server.stop(options.graceful_timeout)
+                grpc_server.stop(options.process.graceful_timeout)
         gunicorn_handler(sig, frame)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    logger.info("worker ready to accept", extra={"fields": {"pid": os.getpid(), "grpc_port": options.port}})
+    logger.info("worker ready to accept", extra={"fields": {"pid": os.getpid(), "grpc_port": options.protocols.port}})
 
 
 def _worker_exit(server, worker) -> None:
@@ -137,14 +145,14 @@ class PetalApplication(BaseApplication):
         super().__init__()
 
     def load_config(self) -> None:
-        o = self.options
+        o, process = self.options.protocols, self.options.process
         settings = {
             "bind": [bind_address(o.host, o.rest_api_port)],
-            "workers": o.workers,
+            "workers": process.workers,
             "worker_class": self.worker_class(),
-            "threads": o.threads,
+            "threads": process.threads,
             "worker_connections": o.max_connections + REFUSAL_HEADROOM,
-            "graceful_timeout": max(1, math.ceil(o.graceful_timeout)),
+            "graceful_timeout": max(1, math.ceil(process.graceful_timeout)),
             "timeout": WORKER_HEARTBEAT_TIMEOUT_S,
             "keepalive": max(1, math.ceil(o.keepalive_timeout)),
             "post_worker_init": _post_worker_init,
@@ -159,46 +167,49 @@ class PetalApplication(BaseApplication):
 
     def worker_class(self) -> type | str:
         """gthread by name; for gevent, Petal's worker with this server's limits set on it."""
-        if self.options.worker_class == "gthread":
+        if self.options.process.worker_class == "gthread":
             return "gthread"
         from serving.gevent_worker import PetalGeventWorker
 
-        o = self.options
+        o, tls = self.options.protocols, self.options.security.tls
         return type("ConfiguredGeventWorker", (PetalGeventWorker,), {
             "petal_max_connections": o.max_connections, "petal_header_timeout": o.request_header_timeout,
-            "petal_body_timeout": o.request_body_timeout, "petal_os_threads": o.threads,
-            "petal_tls": (o.tls, *self.tls_files) if o.tls and self.tls_files else None})
+            "petal_body_timeout": o.request_body_timeout, "petal_os_threads": self.options.process.threads,
+            "petal_tls": (tls, *self.tls_files) if tls and self.tls_files else None})
 
     def load(self):
-        from serving.worker import create_core
         from serving.protocols.app import create_app
+        from serving.worker import create_core
 
-        return create_app(create_core(self.options, ports_to_open=int(serves_grpc(self.options))))
+        options = self.options
+        core = create_core(options, ports_to_open=int(serves_grpc(options.protocols)))
+        return create_app(core, options.protocols, options.security)
 
 
 def main(argv: list[str]) -> int:
     options = parse_args(argv)
+    dataplane, protocols, security = options.dataplane, options.protocols, options.security
     if options.ineffective_flags:
         logger.warning("tensorflow_model_server flags that change nothing in Petal",
                        extra={"fields": {"flags": dict(options.ineffective_flags)}})
-    if not options.model_config_file and not os.path.isdir(options.model_base_path):
+    if not dataplane.model_config_file and not os.path.isdir(dataplane.model_base_path):
         logger.warning("model base path does not exist yet; waiting for versions to appear",
-                       extra={"fields": {"model_base_path": options.model_base_path}})
-    if options.grpc_socket_path:
+                       extra={"fields": {"model_base_path": dataplane.model_base_path}})
+    if protocols.grpc_socket_path:
         try:  # here, rather than in a worker once the models have loaded
-            unix_socket.check_free(options.grpc_socket_path)
+            unix_socket.check_free(protocols.grpc_socket_path)
         except OSError as error:
             print(f"petal serve: {error}", file=sys.stderr)
             return 2
-    models = options.model_config_file or f"{options.model_name} from {options.model_base_path}"
-    grpc_on = ([bind_address(options.host, options.port)] if options.port else []) + (
-        [f"unix:{options.grpc_socket_path}"] if options.grpc_socket_path else [])
+    models = dataplane.model_config_file or f"{dataplane.model_name} from {dataplane.model_base_path}"
+    grpc_on = ([bind_address(protocols.host, protocols.port)] if protocols.port else []) + (
+        [f"unix:{protocols.grpc_socket_path}"] if protocols.grpc_socket_path else [])
     grpc = f", gRPC on {' and '.join(grpc_on)}" if grpc_on else ""
-    scheme = "https" if options.tls else "http"
-    rest = f"{scheme}://{bind_address(options.host, options.rest_api_port)}"
+    scheme = "https" if security.tls else "http"
+    rest = f"{scheme}://{bind_address(protocols.host, protocols.rest_api_port)}"
     # a wildcard address is not one a browser can open; this machine's own name is
     page = rest.replace("0.0.0.0", "localhost").replace("[::]", "localhost")
-    web_ui = "" if options.disable_web_ui else f"; web UI: open {page}/"
+    web_ui = "" if protocols.disable_web_ui else f"; web UI: open {page}/"
     print(f"petal serve: {models}; REST on {rest}{grpc}; ready when /readyz answers 200{web_ui}",
           file=sys.stderr, flush=True)
     # Files only this server reads: the REST port's key pair, and what several workers share (a reload RPC's
@@ -206,23 +217,23 @@ def main(argv: list[str]) -> int:
     runtime = tempfile.mkdtemp(prefix="petal-serve-")
     try:
         tls_files = None
-        if options.tls:
+        if security.tls:
             from serving.gevent_worker import tls_context
 
-            tls_files = write_key_pair(options.tls, runtime)
+            tls_files = write_key_pair(security.tls, runtime)
             try:
-                tls_context(options.tls, *tls_files)  # a bad key or certificate fails here, once, not per worker
+                tls_context(security.tls, *tls_files)  # a bad key or certificate fails here, once, not per worker
             except (OSError, ValueError) as error:
-                print(f"petal serve: --ssl_config_file {options.ssl_config_file}: {error}", file=sys.stderr)
+                print(f"petal serve: --ssl_config_file {security.ssl_config_file}: {error}", file=sys.stderr)
                 return 2
-        if options.workers > 1:
-            options.reload_dir = runtime
+        if options.process.workers > 1:
+            options.process.reload_dir = runtime
             metrics.prepare_multiprocess(os.path.join(runtime, "metrics"))
         PetalApplication(options, tls_files).run()
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
-        if options.grpc_socket_path:
-            unix_socket.remove_stale(options.grpc_socket_path)
+        if protocols.grpc_socket_path:
+            unix_socket.remove_stale(protocols.grpc_socket_path)
     return 0
 
 

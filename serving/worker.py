@@ -39,19 +39,20 @@ def intra_op_threads(options: ServerOptions, cores: int) -> int:
     batching, the worker itself). A pool per caller as large as the machine only spins: for the default model,
     one intra-op thread per batch thread gives 1.2-1.3x the images/s of TensorFlow's default on photos at 0.9x
     the CPU."""
-    callers = options.workers * (options.batching.num_batch_threads if options.enable_batching else 1)
-    return options.tensorflow_intra_op_parallelism or max(1, cores // callers)
+    dataplane = options.dataplane
+    callers = options.process.workers * (dataplane.batching.num_batch_threads if dataplane.enable_batching else 1)
+    return dataplane.tensorflow_intra_op_parallelism or max(1, cores // callers)
 
 
 def _configure_tensorflow(options: ServerOptions) -> None:
     cores = available_cores()
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(options, cores))
-        tf.config.threading.set_inter_op_parallelism_threads(options.tensorflow_inter_op_parallelism or cores)
+        tf.config.threading.set_inter_op_parallelism_threads(options.dataplane.tensorflow_inter_op_parallelism or cores)
     except RuntimeError:
         logger.warning("TensorFlow was already initialised; thread settings unchanged")
         return
-    _start_tensorflow_niced(options.tensorflow_thread_nice)
+    _start_tensorflow_niced(options.dataplane.tensorflow_thread_nice)
 
 
 def _start_tensorflow_niced(nice: int) -> None:
@@ -86,13 +87,14 @@ def create_core(options: ServerOptions, ports_to_open: int = 0) -> DataPlane:
     """
     global _current
     _configure_tensorflow(options)
-    core = DataPlane.create(options, ports_to_open)
+    dataplane = options.dataplane
+    core = DataPlane.create(dataplane, ports_to_open, drain_seconds=options.process.graceful_timeout)
     watched: list[tuple[str, float, bytes]] = []
-    if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
-        watched.append((options.model_config_file, options.model_config_file_poll_wait_seconds,
-                        options.model_server_config().SerializeToString(deterministic=True)))
-    if options.reload_dir:
-        published = os.path.join(options.reload_dir, RELOAD_FILE)
+    if dataplane.model_config_file and dataplane.model_config_file_poll_wait_seconds > 0:
+        watched.append((dataplane.model_config_file, dataplane.model_config_file_poll_wait_seconds,
+                        dataplane.model_server_config().SerializeToString(deterministic=True)))
+    if options.process.reload_dir:
+        published = os.path.join(options.process.reload_dir, RELOAD_FILE)
         core.publish_config = functools.partial(_publish, published)
         watched.append((published, RELOAD_POLL_S, b""))
     for path, seconds, last in watched:
@@ -113,7 +115,7 @@ def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> No
 def _watch_config(core: DataPlane, path: str, seconds: float, last: bytes) -> None:
     """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one (once)."""
     stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
-    while not core.shutting_down and not stop.wait(seconds):
+    while not core.draining() and not stop.wait(seconds):
         if not os.path.exists(path) and not last:
             continue
         try:
@@ -126,7 +128,7 @@ def _watch_config(core: DataPlane, path: str, seconds: float, last: bytes) -> No
         if text != last:
             try:
                 core.reload_config(config, publish=False)
-            except ServingError as error:  # e.g. a base path outside --model_root
+            except ServingError as error:  # check_model_config's rules, e.g. a base path outside --model_root
                 logger.warning("model config refused; keeping the current one",
                                extra={"fields": {"path": path, "error": error.message}})
             else:

@@ -53,10 +53,10 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
 def in_process_core(**options: object) -> Iterator["DataPlane"]:
     """A real DataPlane in this process, its models loaded (no server, no polling): the in-process tests of every
     protocol call it through Flask's test client or a gRPC servicer."""
-    from serving.config import ServerOptions
+    from serving.config import DataPlaneOptions
     from serving.core import DataPlane
 
-    core = DataPlane.create(ServerOptions(file_system_poll_wait_seconds=0, **options))
+    core = DataPlane.create(DataPlaneOptions(file_system_poll_wait_seconds=0, **options))
     try:
         core.wait_loaded()
         assert core.ready(), "the models did not load"

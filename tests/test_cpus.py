@@ -1,13 +1,12 @@
 """Thread pools are sized by the cores this process may use, and split between the model's callers."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
 
 from serving.config import BatchingOptions
-from serving.config import ServerOptions
+from serving.config import DataPlaneOptions, ProcessOptions, ServerOptions
 from serving.worker import intra_op_threads
 from serving.cpus import available_cores, cgroup_cpu_quota
 
@@ -43,8 +42,8 @@ def test_a_quota_caps_the_cores_and_a_fraction_rounds_up(tmp_path):
     assert available_cores(str(tmp_path)) == host_cores(), "a quota above the host's cores changes nothing"
 
 
-def options(**changes) -> ServerOptions:
-    return dataclasses.replace(ServerOptions(), **changes)
+def options(workers: int = 1, **dataplane) -> ServerOptions:
+    return ServerOptions(DataPlaneOptions(**dataplane), process=ProcessOptions(workers=workers))
 
 
 def test_intra_op_threads_split_the_cores_between_batch_threads_and_workers():

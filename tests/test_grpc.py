@@ -20,7 +20,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
-from serving.config import ServerOptions, bind_address
+from serving.config import DataPlaneOptions, bind_address
 from serving.core import DataPlane
 from serving.protocols.grpc_api import HealthService, parse_channel_arguments
 from training.synth import CLASSES, render
@@ -368,7 +368,8 @@ def test_health_watch_reports_not_serving_when_shutdown_lands_between_its_reads(
     whether to end, so the stream closed without the NOT_SERVING a load balancer waits for. The shutdown here lands
     at exactly that point, on a real DataPlane serving the tiny model."""
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-    core = DataPlane.create(ServerOptions(model_base_path=model_base, model_name="flowers", file_system_poll_wait_seconds=0))
+    core = DataPlane.create(DataPlaneOptions(model_base_path=model_base, model_name="flowers",
+                                             file_system_poll_wait_seconds=0))
     try:
         core.wait_loaded()
         repository_ready, reads = core.repository.ready, []

@@ -22,6 +22,7 @@ from openapi_spec_validator import validate as validate_openapi
 from server_harness import LABELS, b64, in_process_core, tiny_model_base
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from serving.config import ProtocolOptions
 from serving.core import Code, ServingError
 from serving.protocols import httputil, web
 from serving.protocols.app import create_app
@@ -31,6 +32,7 @@ from training.synth import CLASSES, render
 
 MAX_REQUEST_BYTES = 200_000
 MAX_IMAGE_PIXELS = 5_000  # the 32x32 test images fit; a 100x100 one does not
+PROTOCOLS = ProtocolOptions(max_request_bytes=MAX_REQUEST_BYTES, rest_api_timeout_in_ms=10_000)
 JPEG = render("daisy", seed=1, size=(32, 32))
 JPEG2 = render("roses", seed=2, size=(32, 32))
 BIG_JPEG = render("tulips", seed=3, size=(100, 100))
@@ -47,14 +49,13 @@ def core(tmp_path_factory):
     config = tmp_path_factory.mktemp("inprocess") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    with in_process_core(model_config_file=str(config), max_request_bytes=MAX_REQUEST_BYTES,
-                         max_image_pixels=MAX_IMAGE_PIXELS, rest_api_timeout_in_ms=10_000) as core:
+    with in_process_core(model_config_file=str(config), max_image_pixels=MAX_IMAGE_PIXELS) as core:
         yield core
 
 
 @pytest.fixture(scope="module")
 def client(core):
-    return create_app(core).test_client()
+    return create_app(core, PROTOCOLS).test_client()
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
@@ -866,14 +867,14 @@ def test_openapi_contract_is_a_valid_openapi_3_1_document(metrics_path):
 def test_openapi_contract_describes_every_url_rule_and_nothing_else(client, core):
     """The drift guard: a route added, removed or renamed without the contract (or the other way) fails here."""
     served = operations_served(client.application)
-    documented = operations_documented(contract(core.options.metrics_path))
+    documented = operations_documented(contract(PROTOCOLS.metrics_path))
     assert served - documented == set(), "routes the contract does not describe"
     assert documented - served == set(), "operations the contract describes that no route serves"
     assert len(served) > 30
 
 
 def test_openapi_json_is_served(client, core):
-    assert ok_json(client.get("/openapi.json")) == contract(core.options.metrics_path)
+    assert ok_json(client.get("/openapi.json")) == contract(PROTOCOLS.metrics_path)
 
 
 # --- the HTTP helpers in isolation ----------------------------------------------------------------------------

@@ -172,18 +172,18 @@ def test_kustomization_lists_every_manifest():
 def test_image_ports_healthcheck_and_user_match_the_server():
     dockerfile = read_dockerfile()
     options = server_options(dockerfile, [])
-    assert dockerfile.exposed == {options.port, options.rest_api_port}
-    assert (options.model_name, options.model_base_path) == ("flowers", "/models/flowers")
+    assert dockerfile.exposed == {options.protocols.port, options.protocols.rest_api_port}
+    assert (options.dataplane.model_name, options.dataplane.model_base_path) == ("flowers", "/models/flowers")
     uid = dockerfile.user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root USER, so runAsNonRoot can verify it"
     program = dockerfile.healthcheck[-1]
-    assert f"127.0.0.1:{options.rest_api_port}/readyz" in program
+    assert f"127.0.0.1:{options.protocols.rest_api_port}/readyz" in program
 
 
 def test_image_flags_pass_through_after_the_defaults():
     options = server_options(read_dockerfile(), ["--rest_api_port=9001", "--workers=3"], {"MODEL_NAME": "iris"})
-    assert (options.rest_api_port, options.workers) == (9001, 3)
-    assert (options.model_name, options.model_base_path) == ("iris", "/models/iris")
+    assert (options.protocols.rest_api_port, options.process.workers) == (9001, 3)
+    assert (options.dataplane.model_name, options.dataplane.model_base_path) == ("iris", "/models/iris")
 
 
 def test_dockerignore_keeps_what_the_image_copies_and_drops_the_rest():
@@ -202,15 +202,15 @@ def test_deployment_ports_and_probes_match_the_server():
     container = pod_container(objects)
     options = server_options(read_dockerfile(), container["args"], container_env(container))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"grpc": options.port, "http": options.rest_api_port}
+    assert ports == {"grpc": options.protocols.port, "http": options.protocols.rest_api_port}
     probes = {kind: container[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
     assert probes["readinessProbe"]["path"] == "/readyz"
     assert probes["livenessProbe"]["path"] == probes["startupProbe"]["path"] == "/healthz"
     for probe in probes.values():
-        assert ports.get(probe["port"], probe["port"]) == options.rest_api_port
+        assert ports.get(probe["port"], probe["port"]) == options.protocols.rest_api_port
     annotations = objects["Deployment"]["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == options.rest_api_port
-    assert annotations["prometheus.io/path"] == options.metrics_path
+    assert int(annotations["prometheus.io/port"]) == options.protocols.rest_api_port
+    assert annotations["prometheus.io/path"] == options.protocols.metrics_path
 
 
 def test_grace_period_outlasts_prestop_and_drain():
@@ -220,7 +220,7 @@ def test_grace_period_outlasts_prestop_and_drain():
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     grace = objects["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > float(pre_stop[1]) + options.graceful_timeout
+    assert grace > float(pre_stop[1]) + options.process.graceful_timeout
 
 
 def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
@@ -233,7 +233,7 @@ def test_resources_fit_the_server_threads_and_the_autoscaler(tmp_path):
     (tmp_path / "cpu.max").write_text(f"{int(cpu_cores(limits['cpu']) * 100_000)} 100000\n")  # the pod's cgroup
     cores = available_cores(str(tmp_path))
     assert cores <= math.ceil(cpu_cores(limits["cpu"])), "thread pools must be sized by the CPU limit"
-    assert 0 < intra_op_threads(options, cores) * options.workers <= cores, \
+    assert 0 < intra_op_threads(options, cores) * options.process.workers <= cores, \
         "TensorFlow must not start more threads than the CPU limit allows"
     hpa = objects["HorizontalPodAutoscaler"]["spec"]
     assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"], "utilisation needs the cpu request above"
@@ -252,12 +252,13 @@ def test_memory_limit_holds_the_idle_server_the_default_budget_and_the_headroom(
     options = server_options(read_dockerfile(), container["args"], container_env(container))
     for pinned in ("--memory_budget_bytes", "--max_inflight_pixels"):
         assert not any(arg.startswith(pinned) for arg in container["args"]), f"{pinned}: derived, not pinned"
-    options.memory_budget_bytes = options.max_inflight_pixels = 0
+    options.dataplane.memory_budget_bytes = options.dataplane.max_inflight_pixels = 0
     resolve_memory_budget(options, available_memory(str(tmp_path)))
-    budget = options.memory_budget_bytes
-    one_request = options.max_image_pixels * BYTES_PER_PIXEL + options.max_request_bytes * BODY_BYTES_FACTOR
+    budget = options.dataplane.memory_budget_bytes
+    one_request = (options.dataplane.max_image_pixels * BYTES_PER_PIXEL
+                   + options.protocols.max_request_bytes * BODY_BYTES_FACTOR)
     assert budget >= 2 * one_request, "the pod should hold more than one largest request at a time"
-    assert MASTER_BYTES + options.workers * (IDLE_WORKER_BYTES + budget * (1 + ESTIMATE_SLACK)) \
+    assert MASTER_BYTES + options.process.workers * (IDLE_WORKER_BYTES + budget * (1 + ESTIMATE_SLACK)) \
         <= (1 - HEADROOM) * limit
 
 
@@ -293,8 +294,8 @@ def test_compose_serves_the_image_and_points_locust_at_it():
     petal = services["petal"]
     options = server_options(dockerfile, petal["command"], petal["environment"])
     published = {int(mapping.split(":")[1]) for mapping in petal["ports"]}
-    assert published == {options.port, options.rest_api_port}
-    assert compose_duration_s(petal["stop_grace_period"]) > options.graceful_timeout
+    assert published == {options.protocols.port, options.protocols.rest_api_port}
+    assert compose_duration_s(petal["stop_grace_period"]) > options.process.graceful_timeout
     models = re.fullmatch(r"\$\{PETAL_MODELS:-(?P<default>[^}]+)\}:(?P<target>[^:]+):ro", petal["volumes"][0])
     assert models and models["target"] == dockerfile.env["MODEL_BASE_PATH"]
     assert (DEPLOY / models["default"]).resolve() == ROOT / "exported_models"
@@ -303,8 +304,8 @@ def test_compose_serves_the_image_and_points_locust_at_it():
     assert locust["depends_on"]["petal"]["condition"] == "service_healthy"
     assert locust["build"]["context"] == petal["build"]["context"] == ".."
     load = build_parser().parse_args(locust["command"])
-    assert load.host == f"http://petal:{options.rest_api_port}"
-    assert load.grpc_host == f"petal:{options.port}"
+    assert load.host == f"http://petal:{options.protocols.rest_api_port}"
+    assert load.grpc_host == f"petal:{options.protocols.port}"
     assert "volumes" not in locust, "the image's installed locustfile and SLO file are used, not a checkout's"
     for used in (load.locustfile, load.slo):
         assert used.is_file() and used.parent == Path(load_tests.__file__).parent

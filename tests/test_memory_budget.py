@@ -13,7 +13,7 @@ import time
 import pytest
 from server_harness import b64, in_process_core, jpeg, tiny_model_base
 
-from serving.config import ServerOptions, parse_args, resolve_memory_budget
+from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, parse_args, resolve_memory_budget
 from serving.core import Code, ServingError
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
@@ -67,18 +67,20 @@ def test_pixels_wait_in_their_own_share_which_bodies_never_take():
 # --- the flags ----------------------------------------------------------------------------------------------
 
 def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
-    derived = parse_args([])
+    derived = parse_args([]).dataplane
     assert derived.memory_budget_bytes > 0
     assert derived.max_inflight_pixels == max(derived.memory_budget_bytes // 2 // BYTES_PER_PIXEL,
                                               derived.max_image_pixels)
-    given = parse_args([f"--memory_budget_bytes={256 * MiB}", "--max_image_pixels=36000000"])
+    given = parse_args([f"--memory_budget_bytes={256 * MiB}", "--max_image_pixels=36000000"]).dataplane
     assert (given.memory_budget_bytes, given.max_inflight_pixels) == (256 * MiB, 36_000_000)
-    old = parse_args(["--max_inflight_pixels=50000000"])  # the old flag sets the pixel share
+    old = parse_args(["--max_inflight_pixels=50000000"]).dataplane  # the old flag sets the pixel share
     assert old.max_inflight_pixels == 50_000_000 and old.memory_budget_bytes > 50_000_000 * BYTES_PER_PIXEL
     for off in (["--max_inflight_pixels=-1"], ["--memory_budget_bytes=-1"]):
-        assert (parse_args(off).memory_budget_bytes, parse_args(off).max_inflight_pixels) == (-1, -1)
+        dataplane = parse_args(off).dataplane
+        assert (dataplane.memory_budget_bytes, dataplane.max_inflight_pixels) == (-1, -1)
     with pytest.raises(ValueError, match="leave room for request bodies"):
-        resolve_memory_budget(ServerOptions(memory_budget_bytes=100 * MiB, max_inflight_pixels=40_000_000))
+        resolve_memory_budget(ServerOptions(DataPlaneOptions(memory_budget_bytes=100 * MiB,
+                                                             max_inflight_pixels=40_000_000)))
 
 
 # --- over HTTP ----------------------------------------------------------------------------------------------
@@ -86,13 +88,13 @@ def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
 @pytest.fixture(scope="module")
 def core():
     with in_process_core(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET,
-                         max_inflight_pixels=PIXELS, max_image_pixels=PIXELS, rest_api_timeout_in_ms=10_000) as core:
+                         max_inflight_pixels=PIXELS, max_image_pixels=PIXELS) as core:
         yield core
 
 
 @pytest.fixture(scope="module")
 def client(core):
-    return create_app(core).test_client()
+    return create_app(core, ProtocolOptions(rest_api_timeout_in_ms=10_000)).test_client()
 
 
 def predict_body(images: int = 1, padding: int = 0) -> bytes:

@@ -318,7 +318,8 @@ def test_model_paths_outside_the_root_fail_at_startup_naming_the_path(root, tmp_
         with pytest.raises(SystemExit):
             parse_args([f"--model_root={root}", *flags])
         assert "outside --model_root" in capsys.readouterr().err
-    assert parse_args([f"--model_root={root}", f"--model_base_path={root / 'flowers'}"]).model_root == str(root)
+    inside = parse_args([f"--model_root={root}", f"--model_base_path={root / 'flowers'}"]).dataplane
+    assert inside.model_root == str(root)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -3,7 +3,6 @@ and the pieces behind three of them that need no server (the far-deadline waits,
 socket's ownership). Servers that use them run in tests/test_grpc_socket.py and tests/test_startup_order.py."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from serving import threads
-from serving.config import BatchingOptions, ServerOptions, build_parser, parse_args
+from serving.config import BatchingOptions, build_parser, option_defaults, parse_args
 from serving.core.batching import Batcher
 from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
@@ -67,8 +66,10 @@ def table_flags(heading: str) -> list[str]:
 def test_every_tensorflow_model_server_flag_parses_and_those_values_warn_about_nothing_else():
     argv = [f"--{name}={value}" for name, value in TF_SERVING_FLAGS.items()]
     options = parse_args(argv)
-    assert options.port == 8500 and options.grpc_socket_path == "/tmp/petal-flags-test.sock"
-    assert options.grpc_max_threads == 16 and options.threads == 8 and options.cors_allowed_origins == ("*",)
+    protocols = options.protocols
+    assert protocols.port == 8500 and protocols.grpc_socket_path == "/tmp/petal-flags-test.sock"
+    assert protocols.grpc_max_threads == 16 and options.process.threads == 8
+    assert protocols.cors_allowed_origins == ("*",)
     warned = {flag.split("=")[0][2:] for flag, _ in options.ineffective_flags}
     # the values above are TF Serving's defaults or usual ones; these change nothing in Petal, and only these warn
     assert warned == {"flush_filesystem_caches", "max_num_load_retries", "load_retry_interval_micros",
@@ -111,9 +112,9 @@ def test_a_malformed_value_fails_as_it_does_in_tf_serving(capsys):
 
 
 def test_session_parallelism_sets_both_pools_unless_one_is_given(capsys):
-    both = parse_args(["--tensorflow_session_parallelism=3"])
+    both = parse_args(["--tensorflow_session_parallelism=3"]).dataplane
     assert (both.tensorflow_intra_op_parallelism, both.tensorflow_inter_op_parallelism) == (3, 3)
-    one = parse_args(["--tensorflow_session_parallelism=3", "--tensorflow_intra_op_parallelism=2"])
+    one = parse_args(["--tensorflow_session_parallelism=3", "--tensorflow_intra_op_parallelism=2"]).dataplane
     assert (one.tensorflow_intra_op_parallelism, one.tensorflow_inter_op_parallelism) == (2, 0)
     with pytest.raises(SystemExit):
         parse_args(["--tensorflow_session_parallelism=3", "--tensorflow_intra_op_parallelism=2",
@@ -122,10 +123,10 @@ def test_session_parallelism_sets_both_pools_unless_one_is_given(capsys):
 
 
 def test_cors_support_means_every_origin_unless_origins_are_named():
-    assert parse_args(["--rest_api_enable_cors_support"]).cors_allowed_origins == ("*",)
-    named = parse_args(["--rest_api_enable_cors_support", "--cors_allowed_origins=https://a.example"])
+    assert parse_args(["--rest_api_enable_cors_support"]).protocols.cors_allowed_origins == ("*",)
+    named = parse_args(["--rest_api_enable_cors_support", "--cors_allowed_origins=https://a.example"]).protocols
     assert named.cors_allowed_origins == ("https://a.example",)
-    assert parse_args([]).cors_allowed_origins == ()
+    assert parse_args([]).protocols.cors_allowed_origins == ()
 
 
 def test_version_prints_tf_servings_two_lines_and_exits(capsys):
@@ -137,12 +138,12 @@ def test_version_prints_tf_servings_two_lines_and_exits(capsys):
 
 
 def test_parser_defaults_are_the_server_options_defaults():
-    defaults = ServerOptions()
-    fields = {f.name for f in dataclasses.fields(ServerOptions)}
+    defaults = option_defaults()
+    fields = set(defaults)
     checked = 0
     for action in build_parser()._actions:
         if action.dest in fields:
-            assert action.default == getattr(defaults, action.dest), action.dest
+            assert action.default == defaults[action.dest], action.dest
             checked += 1
     assert checked > 40
 

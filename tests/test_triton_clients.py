@@ -356,13 +356,13 @@ def test_statistics_of_every_model_and_the_errors(server, pki, http_client):
 
 def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signatures(tmp_path):
     """Triton's form for a model it does not batch: max_batch_size 0, no dynamic_batching, dims the whole shape."""
-    from serving.config import ServerOptions
+    from serving.config import DataPlaneOptions
     from serving.core import DataPlane
     from serving.protocols.app import create_app
 
     tf2_module(str(tmp_path / "half"))
-    core = DataPlane.create(ServerOptions(model_base_path=str(tmp_path / "half"), model_name="half",
-                                     file_system_poll_wait_seconds=0, enable_batching=False))
+    core = DataPlane.create(DataPlaneOptions(model_base_path=str(tmp_path / "half"), model_name="half",
+                                             file_system_poll_wait_seconds=0, enable_batching=False))
     try:
         core.wait_loaded()
         client = create_app(core).test_client()

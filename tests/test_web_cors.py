@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.config import ServerOptions, parse_args
+from serving.config import DataPlaneOptions, ProtocolOptions, parse_args
 from serving.core import DataPlane
 from serving.protocols.app import create_app
 
@@ -29,7 +29,8 @@ def core_for(tmp_path_factory):
     cores: list[DataPlane] = []
 
     def make(**options) -> DataPlane:
-        core = DataPlane.create(ServerOptions(model_config_file=str(config), file_system_poll_wait_seconds=0, **options))
+        core = DataPlane.create(DataPlaneOptions(model_config_file=str(config), file_system_poll_wait_seconds=0,
+                                                 **options))
         cores.append(core)
         return core
     yield make
@@ -39,7 +40,7 @@ def core_for(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(core_for):
-    return create_app(core_for(cors_allowed_origins=(ALLOWED,))).test_client()
+    return create_app(core_for(), ProtocolOptions(cors_allowed_origins=(ALLOWED,))).test_client()
 
 
 def preflight(client, path: str, origin: str):
@@ -86,7 +87,7 @@ def test_no_origin_is_allowed_by_default(core_for):
 
 
 def test_a_wildcard_allows_any_origin(core_for):
-    client = create_app(core_for(cors_allowed_origins=("*",))).test_client()
+    client = create_app(core_for(), ProtocolOptions(cors_allowed_origins=("*",))).test_client()
     assert preflight(client, INFER, REFUSED).headers["Access-Control-Allow-Origin"] in ("*", REFUSED)
 
 
@@ -108,7 +109,7 @@ def test_the_web_ui_is_served_from_package_data(client, path, mimetype, text):
 
 
 def test_disable_web_ui_leaves_the_pages_out_and_the_apis_in(core_for):
-    client = create_app(core_for(disable_web_ui=True)).test_client()
+    client = create_app(core_for(), ProtocolOptions(disable_web_ui=True)).test_client()
     for path in ("/", "/models", "/docs/", "/ui/classify.js"):
         response = client.get(path)
         assert response.status_code == 404 and response.get_json()["error"], path
@@ -117,10 +118,10 @@ def test_disable_web_ui_leaves_the_pages_out_and_the_apis_in(core_for):
 
 
 def test_the_flags_parse(tmp_path):
-    assert parse_args([]).cors_allowed_origins == () and parse_args([]).disable_web_ui is False
-    options = parse_args([f"--cors_allowed_origins={ALLOWED}, http://localhost:3000/", "--disable_web_ui"])
+    assert parse_args([]).protocols.cors_allowed_origins == () and parse_args([]).protocols.disable_web_ui is False
+    options = parse_args([f"--cors_allowed_origins={ALLOWED}, http://localhost:3000/", "--disable_web_ui"]).protocols
     assert options.cors_allowed_origins == (ALLOWED, "http://localhost:3000") and options.disable_web_ui is True
-    assert parse_args(["--disable_web_ui=false"]).disable_web_ui is False
+    assert parse_args(["--disable_web_ui=false"]).protocols.disable_web_ui is False
     for bad in ("dashboard.example", "https://dashboard.example/app", "ftp://x.example"):
         with pytest.raises(SystemExit):
             parse_args([f"--cors_allowed_origins={bad}"])

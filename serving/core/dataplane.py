@@ -19,7 +19,7 @@ from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
-from serving.config import ServerOptions, check_model_root
+from serving.config import DataPlaneOptions, ProcessOptions, check_model_config
 from serving.core import examples, images
 from serving.core.batching import Batcher
 from serving.core.budget import MemoryBudget
@@ -91,9 +91,8 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
 
 def check_shape(name: str, array: np.ndarray, info: TensorInfo) -> None:
     """The signature's declared shape, as a model whose functions enforce it (TF2) would refuse the input."""
-    if info.shape is not None and (array.ndim != len(info.shape) or
-                                   any(want not in (-1, have)
-                                       for want, have in zip(info.shape, array.shape, strict=True))):
+    if info.shape is not None and (array.ndim != len(info.shape) or any(
+            want not in (-1, have) for want, have in zip(info.shape, array.shape, strict=True))):
         raise invalid(f"Input {name!r} has shape {list(array.shape)} but the signature expects "
                       f"{info.shape} (-1 is any size)")
 
@@ -131,7 +130,7 @@ class DataPlane:
     # the decoded pixels of each TF call.
     memory: MemoryBudget
     metrics: Metrics
-    options: ServerOptions = field(default_factory=ServerOptions)
+    options: DataPlaneOptions = field(default_factory=DataPlaneOptions)
     shutting_down: bool = False
     # Set by the worker when several processes serve: hands a reloaded config to the others.
     publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
@@ -282,11 +281,15 @@ class DataPlane:
         with self.repository.serving(model, version, label) as servable:
             return servable.version, servable.signatures
 
+    def draining(self) -> bool:
+        """Whether shutdown has begun (`begin_shutdown`): readiness is false from then on, and nothing new starts."""
+        return self.shutting_down
+
     def ready(self) -> bool:
-        return not self.shutting_down and self.startup.done and self.repository.ready()
+        return not self.draining() and self.startup.done and self.repository.ready()
 
     def model_ready(self, model: str, version: int | None = None) -> bool:
-        return not self.shutting_down and self.repository.model_ready(model, version)
+        return not self.draining() and self.repository.model_ready(model, version)
 
     def model_names(self) -> list[str]:
         return self.repository.model_names()
@@ -329,11 +332,10 @@ class DataPlane:
         return self.startup.wait(deadline)
 
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
-        """Serve these models from now on; `publish` passes the config on to the other workers, if any."""
-        if config.WhichOneof("config") != "model_config_list":
-            raise invalid("Only model_config_list is supported")
+        """Serve these models from now on; `publish` passes the config on to the other workers, if any. A config
+        that breaks a rule a config file must keep (`check_model_config`) is INVALID_ARGUMENT."""
         try:
-            check_model_root(config, self.options.model_root)
+            check_model_config(config, self.options.model_root)
         except ValueError as error:
             raise invalid(str(error)) from None
         self.repository.reload_config(config)
@@ -349,15 +351,17 @@ class DataPlane:
         self.batcher.close()
 
     @classmethod
-    def create(cls, options: ServerOptions, ports_to_open: int = 0) -> "DataPlane":
+    def create(cls, options: DataPlaneOptions, ports_to_open: int = 0,
+               drain_seconds: float = ProcessOptions.graceful_timeout) -> DataPlane:
         """A core for these options, its models loading in the background (readiness reports progress). It has
-        started once they have loaded and the caller has told `core.startup` of each port it opened."""
+        started once they have loaded and the caller has told `core.startup` of each port it opened. An unloaded
+        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish."""
         metrics = Metrics()
         memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics)
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
-                                drain_seconds=options.graceful_timeout,
+                                drain_seconds=drain_seconds,
                                 load_options=LoadOptions.from_flags(options.saved_model_tags,
                                                                     options.prefer_tflite_model))
         core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,

@@ -95,10 +95,8 @@ class Repository:
         self._wake.set()
 
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Load the models listed, unload the ones left out (on the poll thread, after this returns)."""
-        for model in config.model_config_list.config:
-            if not model.name or not model.base_path:
-                raise invalid("Every model config needs a name and a base_path")
+        """Load the models listed, unload the ones left out (on the poll thread, after this returns). The caller
+        has checked the config (serving/config.py `check_model_config`)."""
         self._set_config(config)
         self._wake.set()
 

@@ -15,6 +15,7 @@ import flask
 from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
+from serving.config import ProtocolOptions, SecurityOptions
 from serving.core import Code, DataPlane, ServingError
 from serving.protocols import access_log, admission, auth, kserve, openapi, rest, v2, web
 from serving.protocols.httputil import error_response, json_response
@@ -65,16 +66,21 @@ def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
         return response
 
 
-def create_app(core: DataPlane) -> flask.Flask:
+def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
+               security: SecurityOptions | None = None) -> flask.Flask:
+    """The worker's HTTP app over `core`, with the listeners' and the security options (each group's defaults
+    when not given)."""
+    protocols = protocols or ProtocolOptions()
+    security = security or SecurityOptions()
     app = flask.Flask("petal")
-    app.config["MAX_CONTENT_LENGTH"] = core.options.max_request_bytes
+    app.config["MAX_CONTENT_LENGTH"] = protocols.max_request_bytes
     app.url_map.converters.update(segment=rest.SegmentConverter)
-    app.wsgi_app = NormalizeV1Paths(app.wsgi_app)
+    app.wsgi_app = NormalizeV1Paths(app.wsgi_app)  # type: ignore[method-assign]  # Flask's way to add middleware
 
-    authenticator = auth.Authenticator(core.options.tokens, core.options.enable_model_control)
-    open_endpoints = PROBE_ENDPOINTS | ({"metrics"} if not core.options.metrics_require_auth else set())
+    authenticator = auth.Authenticator(security.tokens, security.enable_model_control)
+    open_endpoints = PROBE_ENDPOINTS | ({"metrics"} if not security.metrics_require_auth else set())
 
-    if core.options.access_log:
+    if protocols.access_log:
         access_log.enable()
 
         @app.before_request
@@ -111,7 +117,7 @@ def create_app(core: DataPlane) -> flask.Flask:
         request = flask.request
         if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
                 and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
-            core.wait_started(time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0)
+            core.wait_started(time.monotonic() + protocols.rest_api_timeout_in_ms / 1000.0)
 
     admission.install(app, core)
 
@@ -144,7 +150,7 @@ def create_app(core: DataPlane) -> flask.Flask:
         if core.ready():
             return json_response({"status": "ready", "models": core.model_names()})
         waiting = [m for m in core.model_names() if not core.model_ready(m)]
-        reason = "shutting down" if core.shutting_down else f"models without an AVAILABLE version: {waiting}"
+        reason = "shutting down" if core.draining() else f"models without an AVAILABLE version: {waiting}"
         return error_response(503, f"Not ready: {reason}")
 
     @app.get("/petal/models")
@@ -154,17 +160,17 @@ def create_app(core: DataPlane) -> flask.Flask:
         return json_response({"models": [{"name": name, "version_labels": labels}
                                          for name, labels in core.version_labels().items()]})
 
-    if core.options.metrics_path:
-        @app.get(core.options.metrics_path)
+    if protocols.metrics_path:
+        @app.get(protocols.metrics_path)
         def metrics() -> flask.Response:
             return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    app.register_blueprint(rest.create_blueprint(core))
-    app.register_blueprint(kserve.create_blueprint(core))
+    app.register_blueprint(rest.create_blueprint(core, protocols))
+    app.register_blueprint(kserve.create_blueprint(core, protocols))
     app.register_blueprint(v2.create_blueprint(core))
-    app.register_blueprint(openapi.create_blueprint(core.options.metrics_path))
-    if not core.options.disable_web_ui:
+    app.register_blueprint(openapi.create_blueprint(protocols.metrics_path))
+    if not protocols.disable_web_ui:
         app.register_blueprint(web.create_blueprint())
         app.register_blueprint(web.create_docs_blueprint())
-    allow_origins(app, core.options.cors_allowed_origins)
+    allow_origins(app, protocols.cors_allowed_origins)
     return app

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -23,15 +24,35 @@ from google.protobuf import wrappers_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow.core.framework import tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     inference_pb2, model_management_pb2, model_pb2, predict_pb2,
-                                     prediction_service_pb2_grpc, model_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
-from serving.config import ServerOptions, TLSOptions, bind_address
-from serving.memory import BODY_BYTES_FACTOR
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, Code, DataPlane, Result, ServingError, SignatureInfo, Task,
-                          deadline_exceeded, invalid, unavailable)
 from serving import threads
+from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
+from serving.core import (
+    CLASSIFY_METHOD,
+    REGRESS_METHOD,
+    Code,
+    DataPlane,
+    Result,
+    ServingError,
+    SignatureInfo,
+    Task,
+    deadline_exceeded,
+    invalid,
+    unavailable,
+)
+from serving.memory import BODY_BYTES_FACTOR
 from serving.protocols import access_log, auth, tensor_proto, unix_socket
 
 log = logging.getLogger(__name__)
@@ -124,7 +145,8 @@ def inference_result(model: str, version: int, result: Result) -> inference_pb2.
             answer.classification_result.classifications.add().classes.extend(
                 classification_pb2.Class(label=label, score=score) for label, score in row)
     else:
-        answer.regression_result.regressions.extend(regression_pb2.Regression(value=v) for v in result.regressions)
+        regressions = result.regressions or ()
+        answer.regression_result.regressions.extend(regression_pb2.Regression(value=v) for v in regressions)
     return answer
 
 
@@ -145,12 +167,13 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: DataPlane) -> None:
+    def __init__(self, core: DataPlane, max_message_bytes: int) -> None:
         self.core = core
+        self.max_message_bytes = max_message_bytes
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        arrays = tensor_proto.decode_inputs(request.inputs, self.core.options.grpc_max_message_bytes)
+        arrays = tensor_proto.decode_inputs(request.inputs, self.max_message_bytes)
         result = self.core.predict(inputs=typed_inputs(request.inputs, arrays),
                                    signature_name=request.model_spec.signature_name,
                                    output_filter=list(request.output_filter) or None,
@@ -267,7 +290,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         last = None
         while context.is_active():
-            ending = self.core.shutting_down  # read before the status, so a status read after it is NOT_SERVING
+            ending = self.core.draining()  # read before the status, so a status read after it is NOT_SERVING
             status = self.serving_status(request.service)
             status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
             if status != last:
@@ -410,7 +433,7 @@ class Gate(grpc.ServerInterceptor):
         return call
 
 
-def receivers(body_limit: int, o: ServerOptions) -> int:
+def receivers(body_limit: int, o: ProtocolOptions) -> int:
     """How many messages a worker receives at once: as many of the largest as half its budget's body share holds
     (at least one), so that receiving leaves the other half to the requests being served; without a budget, one a
     gRPC thread."""
@@ -425,41 +448,43 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
-def start(core: DataPlane) -> grpc.Server | None:
+def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
+          shared_dir: str = "") -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
-    --grpc_socket_path if this worker serves it; None when it has neither to serve."""
-    o: ServerOptions = core.options
-    addresses = [bind_address(o.host, o.port)] if o.port else []
-    if o.grpc_socket_path and unix_socket.claim(o.reload_dir):
-        unix_socket.check_free(o.grpc_socket_path)
-        addresses.append(f"unix:{o.grpc_socket_path}")
+    --grpc_socket_path if this worker serves it (`shared_dir`: the folder the workers share, where they decide
+    which); None when it has neither to serve."""
+    addresses = [bind_address(protocols.host, protocols.port)] if protocols.port else []
+    if protocols.grpc_socket_path and unix_socket.claim(shared_dir):
+        unix_socket.check_free(protocols.grpc_socket_path)
+        addresses.append(f"unix:{protocols.grpc_socket_path}")
     if not addresses:
         return None
-    options = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
-               ("grpc.max_receive_message_length", o.grpc_max_message_bytes),
-               ("grpc.max_send_message_length", o.grpc_max_message_bytes)]
-    options += parse_channel_arguments(o.grpc_channel_arguments)
-    if o.access_log:
+    max_message = protocols.grpc_max_message_bytes
+    options: list[tuple[str, int | str]] = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
+                                            ("grpc.max_receive_message_length", max_message),
+                                            ("grpc.max_send_message_length", max_message)]
+    options += parse_channel_arguments(protocols.grpc_channel_arguments)
+    if protocols.access_log:
         access_log.enable()
-    gate = Gate(auth.Authenticator(o.tokens, o.enable_model_control), o.access_log, core.memory.hold,
-                receivers(core.memory.body_limit, o), min(o.grpc_max_message_bytes, core.memory.body_limit),
-                o.request_body_timeout)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
+    gate = Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
+                core.memory.hold, receivers(core.memory.body_limit, protocols),
+                min(max_message, core.memory.body_limit), protocols.request_body_timeout)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
                          options=options, interceptors=[gate])
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core, max_message), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
     from serving.protocols import kserve_grpc  # imported here: it builds on this module's rpc and deadline_of
-    kserve_grpc.add_to_server(core, server)
+    kserve_grpc.add_to_server(core, server, max_message)
     for address in addresses:
         try:
-            bound = (server.add_secure_port(address, server_credentials(o.tls)) if o.tls else
+            bound = (server.add_secure_port(address, server_credentials(security.tls)) if security.tls else
                      server.add_insecure_port(address))
         except RuntimeError as exc:
             raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
         if not bound:
             raise OSError(f"cannot bind gRPC to {address}")
     server.start()
-    log.info("gRPC server started", extra={"fields": {"addresses": addresses, "tls": bool(o.tls),
-                                                      "max_message_bytes": o.grpc_max_message_bytes}})
+    log.info("gRPC server started", extra={"fields": {"addresses": addresses, "tls": bool(security.tls),
+                                                      "max_message_bytes": max_message}})
     return server

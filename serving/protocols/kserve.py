@@ -16,10 +16,19 @@ from typing import Any
 import flask
 import numpy as np
 
+from serving.config import ProtocolOptions
 from serving.core import Code, DataPlane, ServingError, invalid, not_found
 from serving.protocols import admission, v2
-from serving.protocols.httputil import (ascii_int, b64decode, is_json_int, object_field, parse_json,
-                                        parse_version, request_body, string_field)
+from serving.protocols.httputil import (
+    ascii_int,
+    b64decode,
+    is_json_int,
+    object_field,
+    parse_json,
+    parse_version,
+    request_body,
+    string_field,
+)
 from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.v2 import NUMPY_TYPES
 
@@ -46,7 +55,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
 def decode_length_prefixed(raw: bytes, name: str, count: int) -> list[bytes]:
     """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes; never more than the
     `count` the shape declares, so a tail of empty elements cannot become more objects than the request claimed."""
-    items, offset = [], 0
+    items: list[bytes] = []
+    offset = 0
     while offset < len(raw):
         if len(items) == count:
             raise invalid(f"Input {name!r}: the binary data holds more than the {count} BYTES elements of its shape")
@@ -83,7 +93,8 @@ def flatten(data: Any) -> list[Any]:
 
 def decode_input(spec: dict[str, Any], tail: bytes, offset: int, base64_default: bool) -> tuple[np.ndarray, int]:
     """One V2 input as a numpy array; returns the new offset into the binary tail."""
-    name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+    name, shape = spec.get("name"), spec.get("shape")
+    datatype: Any = spec.get("datatype")  # a str once declared_count has accepted it
     if not isinstance(name, str) or not isinstance(shape, list) or not all(is_json_int(d) and d >= 0 for d in shape):
         raise invalid(f"Input {name!r} needs a 'name', a 'datatype' and a non-negative integer 'shape'")
     count = v2.declared_count(name, datatype, shape)
@@ -186,7 +197,7 @@ def encode_response(header: dict[str, Any], arrays: list[tuple[dict[str, Any], n
 
 # ---- routes -----------------------------------------------------------------------------------------------
 
-def create_blueprint(core: DataPlane) -> flask.Blueprint:
+def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
     error handlers make it), except health answers, whose bodies are empty (docs/protocols.md, 'Endpoints')."""
     bp = flask.Blueprint("kserve_v2", __name__)
@@ -226,8 +237,8 @@ def create_blueprint(core: DataPlane) -> flask.Blueprint:
     @bp.post("/v2/models/<model>/infer")
     @bp.post("/v2/models/<model>/versions/<version>/infer")
     def infer(model: str, version: str | None = None) -> flask.Response:
-        deadline = time.monotonic() + core.options.rest_api_timeout_in_ms / 1000.0
-        request, tail = split_body(request_body(core.options.max_request_bytes),
+        deadline = time.monotonic() + options.rest_api_timeout_in_ms / 1000.0
+        request, tail = split_body(request_body(options.max_request_bytes),
                                    flask.request.headers.get(HEADER_LENGTH))
         parameters = object_field(request, "parameters", "The request's ")
         base64_default = parameters.get("content_type") == "base64"
@@ -235,7 +246,7 @@ def create_blueprint(core: DataPlane) -> flask.Blueprint:
         for spec in request["inputs"]:
             if not isinstance(spec, dict):
                 raise invalid("Each input must be an object")
-            inputs[spec.get("name")], offset = decode_input(spec, tail, offset, base64_default)
+            inputs[spec["name"]], offset = decode_input(spec, tail, offset, base64_default)
         requested = request.get("outputs") or []
         if not isinstance(requested, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
                                                       for o in requested):

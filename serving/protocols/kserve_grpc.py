@@ -80,11 +80,11 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
                       "per input, in order")
     sent: list[bytes | None] = raw or [None] * len(request.inputs)
     counts = [v2.declared_count(tensor.name, tensor.datatype, list(tensor.shape)) for tensor in request.inputs]
-    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent))
+    total = sum(decoded_bytes(*entry) for entry in zip(request.inputs, counts, sent, strict=False))
     if total > limit:
         raise invalid(f"Inputs would decode to {total} bytes, over the {limit}-byte limit (--grpc_max_message_bytes)")
     inputs = {}
-    for tensor, count, data in zip(request.inputs, counts, sent):
+    for tensor, count, data in zip(request.inputs, counts, sent, strict=False):
         if tensor.name in inputs:
             raise invalid(f"Input {tensor.name!r} is given twice")
         inputs[tensor.name] = decode_tensor(tensor, data, count)
@@ -94,8 +94,9 @@ def request_inputs(request: service_pb2.ModelInferRequest, limit: int) -> dict[s
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: DataPlane) -> None:
+    def __init__(self, core: DataPlane, max_message_bytes: int) -> None:
         self.core = core
+        self.max_message_bytes = max_message_bytes
 
     @rpc
     def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -138,7 +139,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise invalid("ModelInferRequest needs a model_name")
         signature = request.parameters.get("signature_name")
         requested = [output.name for output in request.outputs]
-        inputs = request_inputs(request, self.core.options.grpc_max_message_bytes)
+        inputs = request_inputs(request, self.max_message_bytes)
         result = self.core.predict(model=request.model_name, inputs=v2.with_triton_dims(inputs),
                                    version=version_of(request.model_version),
                                    signature_name=signature.string_param if signature is not None else "",
@@ -159,5 +160,5 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def add_to_server(core: DataPlane, server: grpc.Server) -> None:
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(core), server)
+def add_to_server(core: DataPlane, server: grpc.Server, max_message_bytes: int) -> None:
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(core, max_message_bytes), server)

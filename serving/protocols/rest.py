@@ -12,16 +12,33 @@ import base64
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeGuard
 
 import flask
 import numpy as np
 from google.protobuf import json_format
 from werkzeug.routing import BaseConverter
 
-from serving.core import (CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, SignatureInfo, Task, input_from_json,
-                          invalid)
-from serving.protocols.httputil import (ascii_int, b64decode, json_response, parse_json,
-                              parse_version, request_body, string_field)
+from serving.config import ProtocolOptions
+from serving.core import (
+    CLASSIFY_METHOD,
+    REGRESS_METHOD,
+    DataPlane,
+    ServingError,
+    SignatureInfo,
+    Task,
+    input_from_json,
+    invalid,
+)
+from serving.protocols.httputil import (
+    ascii_int,
+    b64decode,
+    json_response,
+    parse_json,
+    parse_version,
+    request_body,
+    string_field,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +59,7 @@ def _b64(value: dict) -> bytes:
     return b64decode(value["b64"], "'b64'")
 
 
-def _is_b64(value: object) -> bool:
+def _is_b64(value: object) -> TypeGuard[dict]:
     return isinstance(value, dict) and len(value) == 1 and "b64" in value
 
 
@@ -162,7 +179,7 @@ def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
     if len(columns) == 1:
         return {"predictions": next(iter(columns.values()))}
     names = list(columns)
-    return {"predictions": [dict(zip(names, row)) for row in zip(*columns.values())]}
+    return {"predictions": [dict(zip(names, row, strict=False)) for row in zip(*columns.values(), strict=False)]}
 
 
 def status_response(statuses) -> dict:
@@ -227,10 +244,9 @@ def malformed() -> ServingError:
     return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
 
 
-def create_blueprint(core: DataPlane) -> flask.Blueprint:
+def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
     """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
     bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
-    options = core.options
     timeout = options.rest_api_timeout_in_ms / 1000.0
     spec_rules = {"latest": "/<segment:name>", "version": "/<segment:name>/versions/<segment:version>",
                   "label": "/<segment:name>/labels/<segment:label>"}
@@ -262,7 +278,7 @@ def create_blueprint(core: DataPlane) -> flask.Blueprint:
         if results[0].classifications is not None:
             return json_response({"results": [[[lbl, float32_json(s)] for lbl, s in row]
                                               for row in results[0].classifications]})
-        return json_response({"results": [float32_json(v) for v in results[0].regressions]})
+        return json_response({"results": [float32_json(v) for v in results[0].regressions or ()]})
 
     def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         return infer(CLASSIFY_METHOD, name, version, label, deadline)
