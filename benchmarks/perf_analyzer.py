@@ -142,10 +142,9 @@ def runs(models: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def main() -> int:
+    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
     from foreign_models import tf2_module
     from server_harness import tiny_model_base
-
-    from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
     from serving import launcher
     from training.synth import CLASSES, render
 

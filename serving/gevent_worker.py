@@ -74,6 +74,7 @@ class DeadlineSocket:
     busy worker means waiting for a batch thread's Python, so one write instead of two is a wait fewer per request
     (and one packet instead of two)."""
     __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held")
+    _deadline: float | None  # None: the connection's first byte has not arrived
 
     def __init__(self, sock, header_s: float, body_s: float):
         self._sock = sock
@@ -162,7 +163,8 @@ class PetalGeventWorker(GeventWorker):
 
     def patch(self) -> None:
         monkey.patch_all(thread=False, queue=False)
-        self.sockets = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
+        self.sockets: list[gsocket.socket] = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach())
+                                              for s in self.sockets]
         threads.serve_on_gevent_loop(self.petal_os_threads)
         self._open = 0
         self._clients: set[DeadlineSocket] = set()

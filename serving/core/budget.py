@@ -54,7 +54,7 @@ class MemoryBudget:
 
     # --- request bodies: admitted or refused at once ----------------------------------------------------------
 
-    def hold(self, nbytes: int) -> "Hold":
+    def hold(self, nbytes: int) -> Hold:
         """A hold on `nbytes` for one request; it grows as the request learns its cost, and must be released."""
         hold = Hold(self)
         hold.grow(nbytes)
@@ -130,7 +130,7 @@ class Hold:
         self._budget._give_body(self.nbytes)
         self.nbytes = 0
 
-    def __enter__(self) -> "Hold":
+    def __enter__(self) -> Hold:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -125,7 +125,8 @@ def _json_type(value: object) -> str:
         return "Null"
     if isinstance(value, bool):
         return "True" if value else "False"
-    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
+    names: dict[type, str] = {dict: "Object", list: "Array", str: "String"}
+    return names.get(type(value), "Number")
 
 
 _KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64", None: "UNKNOWN"}
@@ -133,6 +134,7 @@ _KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int6
 
 def _add_value(feature: feature_pb2.Feature, name: str, value: object) -> None:
     """One JSON value into a Feature, as TF Serving's AddValueToFeature: a feature holds one kind only."""
+    item: bytes | int | float
     if isinstance(value, bytes | str):
         kind, item = "bytes_list", value if isinstance(value, bytes) else value.encode("utf-8")
     elif isinstance(value, bool):
@@ -215,11 +217,14 @@ def classifications(outputs: dict[str, np.ndarray], rows: int) -> list[list[tupl
     if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
         raise invalid(f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. "
                       f"{scores.shape[1]}")
-    count = (classes if classes is not None else scores).shape[1]
+    first = classes if classes is not None else scores
+    assert first is not None, "check_signature asks for classes or scores"
+    count = first.shape[1]
     labels = ([[v.decode("utf-8", "replace") for v in row] for row in classes] if classes is not None
               else [[""] * count] * rows)
     values = scores.tolist() if scores is not None else [[0.0] * count] * rows
-    return [list(zip(label_row, score_row)) for label_row, score_row in zip(labels, values)]
+    return [list(zip(label_row, score_row, strict=False))
+            for label_row, score_row in zip(labels, values, strict=False)]
 
 
 def regressions(outputs: dict[str, np.ndarray], rows: int) -> list[float]:

@@ -16,7 +16,6 @@ from PIL import Image, UnidentifiedImageError
 
 from serving.core.errors import invalid
 
-
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic); not C4 (DHT), C8 (JPG) or CC (DAC).
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length
@@ -94,4 +93,4 @@ def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tup
     k = max(1, min(k, probabilities.shape[1]))
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     names = labels if len(labels) == probabilities.shape[1] else [str(i) for i in range(probabilities.shape[1])]
-    return [[(names[i], float(row[i])) for i in indices] for row, indices in zip(probabilities, order)]
+    return [[(names[i], float(row[i])) for i in indices] for row, indices in zip(probabilities, order, strict=True)]

@@ -34,7 +34,7 @@ class LoadOptions:
     prefer_tflite: bool = False
 
     @classmethod
-    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool) -> "LoadOptions":
+    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool) -> LoadOptions:
         """--saved_model_tags is comma-separated, empty parts skipped; none at all means "serve", as in TF Serving."""
         tags = frozenset(tag.strip() for tag in saved_model_tags.split(",") if tag.strip())
         return cls(tags or DEFAULT_TAGS, prefer_tflite_model)
@@ -118,7 +118,7 @@ class SessionModel:
             raise status_error(error) from None
         except (TypeError, ValueError) as error:
             raise invalid(str(error).splitlines()[0]) from None
-        return dict(zip(output_names, values))
+        return dict(zip(output_names, values, strict=True))
 
     def _callable(self, key: str, output_names: tuple[str, ...]):
         run = self._callables.get((key, output_names))  # built once: later requests take it without the lock

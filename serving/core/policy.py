@@ -1,12 +1,11 @@
 """The version policy (docs/protocols.md, 'Versions'): which of the versions on disk a model config asks to serve."""
 from __future__ import annotations
 
-from tensorflow_serving.config import file_system_storage_path_source_pb2
-
-VersionPolicy = file_system_storage_path_source_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy
+from tensorflow_serving.config.file_system_storage_path_source_pb2 import FileSystemStoragePathSourceConfig
 
 
-def aspired_versions(policy: VersionPolicy, candidates: list[int]) -> set[int]:
+def aspired_versions(policy: FileSystemStoragePathSourceConfig.ServableVersionPolicy,
+                     candidates: list[int]) -> set[int]:
     """The versions a FileSystemStoragePathSourceConfig ServableVersionPolicy asks for."""
     which = policy.WhichOneof("policy_choice")
     if which == "all":

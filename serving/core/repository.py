@@ -68,7 +68,7 @@ class Repository:
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
                  poll_seconds: float = 1.0, warmup: bool = True,
                  on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0,
-                 load_options: LoadOptions = LoadOptions()):  # noqa: B008 (a frozen dataclass)
+                 load_options: LoadOptions = LoadOptions()):
         self._metrics = metrics
         self._load_options = load_options
         self._drain_seconds = drain_seconds

@@ -60,13 +60,14 @@ def install(app: flask.Flask, core: DataPlane) -> None:
     def admit() -> None:
         request = flask.request
         chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
-        if not request.content_length and not chunked:
+        length = request.content_length
+        if not length and not chunked:
             return
         setattr(flask.g, _HOLD, budget.hold(0))
         if chunked:
             request.environ["wsgi.input"] = ChargedStream(request.environ["wsgi.input"])
-        else:
-            charge(request.content_length * BODY_BYTES_FACTOR)
+        elif length:
+            charge(length * BODY_BYTES_FACTOR)
 
     @app.teardown_request
     def release(error: BaseException | None) -> None:

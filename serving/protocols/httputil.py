@@ -135,8 +135,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     value = dict(pairs)
     if len(value) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise _Hostile(f"duplicate key {duplicate[:100]!r} in an object")
+        for key, _ in pairs:
+            if key in seen:
+                raise _Hostile(f"duplicate key {key[:100]!r} in an object")
+            seen.add(key)
     return value
 
 
@@ -176,10 +178,10 @@ def parse_json(data: bytes) -> object:
     bodies that are not valid Unicode (raw or escaped lone surrogates included) are all 400s.
 
     The depth and number checks scan the bytes before json.loads recurses, on a copy with the strings cut out. For
-    a document json.loads parses at least as far as it recurses, that copy is exact (strings are
-    found the same way, left to right); for a malformed one it may differ, and json.loads rejects it anyway. The
-    float hook is only installed when the scan finds a suspect exponent, so an ordinary body is parsed at the full
-    speed of the C scanner. The same copy counts the values that will become Python objects (numbers, mostly), whose cost is
+    a document json.loads parses at least as far as it recurses, that copy is exact (strings are found the same
+    way, left to right); for a malformed one it may differ, and json.loads rejects it anyway. The float hook is
+    only installed when the scan finds a suspect exponent, so an ordinary body is parsed at the full speed of the C
+    scanner. The same copy counts the values that will become Python objects (numbers, mostly), whose cost is
     charged to the request's memory hold before json.loads makes them."""
     if not data or data.isspace():
         raise invalid("JSON Parse error: The document is empty")

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from tensorflow.core.framework import types_pb2
@@ -61,8 +62,8 @@ class Kind:
 def _kinds() -> dict[int, Kind]:
     kinds = {types_pb2.DT_STRING: Kind("DT_STRING", np.dtype(object), "string_val", np.dtype(object),
                                        STRING_ELEMENT_BYTES, FILL_LIMIT["strings"])}
-    for name, dtype in NUMPY_DTYPES.items():
-        dtype = np.dtype(dtype)
+    for name, scalar in NUMPY_DTYPES.items():
+        dtype = np.dtype(scalar)
         wire = np.dtype(np.uint16) if name == "DT_HALF" else dtype
         kinds[types_pb2.DataType.Value(name)] = Kind(name, dtype, VALUE_FIELDS[name], wire, dtype.itemsize,
                                                      FILL_LIMIT["numbers"])

@@ -8,7 +8,8 @@ dicts into the gRPC messages, so REST and gRPC cannot disagree.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flask
 import numpy as np
