@@ -3,7 +3,7 @@ VENV ?= .venv
 # Test processes (pytest-xdist): the cores, at most 4. Each starts TensorFlow servers of about 600 MB.
 TEST_WORKERS ?= $(shell python3 -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 # The speed tests run alone afterwards, collected from the files that mark any (collecting all costs about 10 s).
-SERIAL_TESTS = $(shell grep -l "mark.serial" tests/*.py)
+SERIAL_TESTS = $(shell grep -rl --include="test_*.py" "mark.serial" tests)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.petal-installed
 

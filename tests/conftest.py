@@ -1,32 +1,35 @@
-"""Shared test setup: quiet TensorFlow, the tests folder importable, and fixtures several test modules use."""
+"""Shared test setup: quiet TensorFlow, the tests folder importable, and each test's tier marker from its folder."""
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
-from server_harness import run_server, tiny_model_base  # noqa: E402
-from training_data import write_tfrecords  # noqa: E402
+HERE = Path(__file__).parent
+# The tier of each test folder; tests/container/ (the image's smoke test) is end to end.
+TIERS = {"unit": "unit", "inprocess": "inprocess", "e2e": "e2e", "container": "e2e"}
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier the test's folder under tests/ names; a test file straight in tests/ has none, so it fails here."""
+    folder = item.path.relative_to(HERE).parts[0]
+    if folder not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: test files live in tests/unit, tests/inprocess or tests/e2e")
+    return TIERS[folder]
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test with its folder's tier as it is collected, before `-m` selects (so `-m "not e2e"` is the fast
+    run)."""
+    item.add_marker(tier(item))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The container build first, then the other slow tests, each group in pytest-randomly's order: under
+    """The container build first, then the other end-to-end tests, each group in pytest-randomly's order: under
     pytest-xdist the longest work then starts at once beside everything else instead of ending the run alone."""
     items.sort(key=lambda item: (item.get_closest_marker("container") is None,
-                                 item.get_closest_marker("slow") is None))
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    """Real JPEGs of the five classes as train/eval shards plus labels.txt, shared by the training tests."""
-    return write_tfrecords(str(tmp_path_factory.mktemp("tiny_flowers")))
-
-
-@pytest.fixture(scope="session")
-def tiny_server():
-    """`petal serve` on the tiny test model, for the modules that only read from it (client, KServe V2)."""
-    with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers") as server:
-        yield server
+                                 item.get_closest_marker("e2e") is None))

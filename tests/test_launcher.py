@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from server_harness import ROOT, tiny_model_base
 
+from server_harness import ROOT, tiny_model_base
 from serving import launcher
 
 

@@ -11,10 +11,10 @@ import time
 import grpc
 import pytest
 from google.protobuf import text_format
-from server_harness import in_process_core, tiny_model_base
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from server_harness import in_process_core, tiny_model_base
 from serving.config import check_model_config, parse_args, read_model_config
 from serving.core import Code, ServingError
 from serving.protocols.grpc_api import ModelService

@@ -106,7 +106,7 @@ def check_serving(base: str, model: str, model_dir: str, runner_pid: int, timeou
     images = [synth.render(label, seed=8000 + i, min_size=64, max_size=160) for i, label in enumerate(truth)]
     version, labels, expected = local_top(model_dir, images)
     correct = 0
-    for label, image, (top_label, top_score) in zip(truth, images, expected):
+    for label, image, (top_label, top_score) in zip(truth, images, expected, strict=False):
         answer = json_body(*request(f"{base}/v1/models/{model}:classify_image", image, "image/jpeg"), 200,
                            f"classify {label}")
         expect(answer.get("model") == model and str(answer.get("version")) == version,

@@ -17,7 +17,6 @@ TIMEOUT_S = 1200
 
 
 @pytest.mark.container
-@pytest.mark.slow
 def test_image_builds_serves_real_jpegs_and_drains():
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("building and running containers with buildah here needs root (CI runs as root: never skipped)")

@@ -1,0 +1,320 @@
+"""`petal batch` end to end: real JPEGs on disk, a real exported SavedModel, the real Beam DirectRunner."""
+from __future__ import annotations
+
+import base64
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
+from server_harness import ROOT, b64, run_server
+from serving.batch_prediction import job as batch_job
+from training import synth
+from training.export import export_saved_model
+from training.models import build_model
+
+IMAGE_SIZE = 32
+GOOD_JPEGS = 99
+IN_MEMORY = ["--direct_running_mode", "in_memory"]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    base = str(tmp_path_factory.mktemp("models") / "flowers")
+    tf.keras.utils.set_random_seed(7)
+    model = build_model("compact", len(synth.CLASSES), IMAGE_SIZE)
+    export_saved_model(model, base, list(synth.CLASSES), IMAGE_SIZE, version=1)
+    return base
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    synth.render_image("roses", 1, min_size=40, max_size=60).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory) -> dict[str, bytes]:
+    """103 files: 99 JPEGs, a PNG (decodable, so predicted) and three inputs that must become error lines."""
+    folder = tmp_path_factory.mktemp("images")
+    jpeg = synth.render("daisy", 0, min_size=40, max_size=64)
+    files = {f"flower{i:03d}.jpg": synth.render(i % 5, i, min_size=40, max_size=64) for i in range(GOOD_JPEGS)}
+    files.update({"rose.png": _png(), "corrupt.jpg": jpeg[:20] + bytes(len(jpeg) - 20), "empty.jpg": b"",
+                  "notes.jpg": b"this is a text file, not an image\n"})
+    paths = {}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        paths[str(folder / name)] = data
+    return paths
+
+
+EXPECTED_ERRORS = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
+                   "notes.jpg": "Unknown image file format"}
+
+
+def read_output(output_dir: str) -> tuple[list[dict], list[dict]]:
+    results = [json.loads(line) for path in sorted(glob.glob(f"{output_dir}/prediction.results-*"))
+               for line in open(path)]
+    errors = [json.loads(line) for line in open(f"{output_dir}/prediction.errors_stats-00000-of-00001")]
+    return results, errors
+
+
+def run_job(capsys, *argv: str) -> dict:
+    """Runs `petal batch` in this process (the in-memory DirectRunner) and returns its printed summary."""
+    assert batch_job.main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def serving_default(model_dir: str, images: list[bytes]) -> dict[str, np.ndarray]:
+    """What the online server runs: the SavedModel's serving_default signature on the raw bytes."""
+    signature = tf.saved_model.load(f"{model_dir}/1").signatures["serving_default"]
+    return {k: v.numpy() for k, v in signature(image_bytes=tf.constant(images)).items()}
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir, inputs) -> dict[str, dict]:
+    """serving_default's answer for every decodable input, by path."""
+    good = [p for p in inputs if os.path.basename(p) not in EXPECTED_ERRORS]
+    outputs = serving_default(model_dir, [inputs[p] for p in good])
+    return {p: {"probabilities": outputs["probabilities"][i], "classid": int(outputs["classid"][i]),
+                "class": outputs["class"][i].decode()} for i, p in enumerate(good)}
+
+
+def assert_matches_reference(results: list[dict], reference: dict[str, dict], key_to_path=lambda key: key):
+    for row in results:
+        expected = reference[key_to_path(row["key"])]
+        prediction = row["prediction"]
+        np.testing.assert_allclose(prediction["probabilities"], expected["probabilities"], atol=1e-5)
+        assert (prediction["classid"], prediction["class"]) == (expected["classid"], expected["class"])
+
+
+def assert_nothing_lost(results: list[dict], errors: list[dict], expected_keys) -> None:
+    keys = [row["key"] for row in results + errors]
+    assert len(keys) == len(set(keys)), "a key was written twice"
+    assert set(keys) == set(expected_keys)
+
+
+@pytest.fixture(scope="session")
+def image_job(model_dir, inputs, tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("job") / "out")
+    argv = ["--model_dir", model_dir, "--input", os.path.join(os.path.dirname(next(iter(inputs))), "*"),
+            "--output_dir", output, "--batch_size", "16", "--top_k", "2", *IN_MEMORY]
+    args, options = batch_job.parse_args(argv)
+    return output, batch_job.run(args, options)
+
+
+def test_103_inputs_give_results_plus_errors_with_every_key_once(image_job, inputs):
+    output, summary = image_job
+    assert (summary["rows_in"], summary["results"], summary["errors"], summary["complete"]) == (103, 100, 3, True)
+    results, errors = read_output(output)
+    assert len(results) + len(errors) == len(inputs) == 103
+    assert_nothing_lost(results, errors, inputs)
+    assert {os.path.basename(row["key"]): row["error"]["status"] for row in errors} == dict.fromkeys(
+        EXPECTED_ERRORS, "INVALID_ARGUMENT")
+    for row in errors:
+        assert EXPECTED_ERRORS[os.path.basename(row["key"])] in row["error"]["message"]
+    assert any(row["key"].endswith("rose.png") for row in results), "a PNG is an image and must be predicted"
+
+
+def test_every_batch_is_full_and_padding_never_reaches_the_output(image_job):
+    _, summary = image_job
+    assert summary["padding_rows"] > 0
+    assert summary["batches"] * 16 == summary["results"] + summary["padding_rows"]
+
+
+def test_top_k_lists_the_best_labels_in_order(image_job):
+    results, _ = read_output(image_job[0])
+    for row in results:
+        prediction = row["prediction"]
+        scores = [entry["score"] for entry in prediction["top_k"]]
+        assert len(scores) == 2 and scores[0] >= scores[1] and scores[0] == max(prediction["probabilities"])
+        assert prediction["top_k"][0]["label"] == prediction["class"]
+
+
+def test_predictions_equal_the_serving_default_signature(image_job, reference):
+    results, _ = read_output(image_job[0])
+    assert len(results) == len(reference)
+    assert_matches_reference(results, reference)
+
+
+def _tfrecord(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str]:
+    """Writes Examples the way training/tfrecords.py does, plus two that test keying; returns expected keys."""
+    keys = []
+    with tf.io.TFRecordWriter(path) as writer:
+        for index, source in enumerate(paths):
+            feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[inputs[source]]))}
+            if index:
+                feature["image/filename"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[source.encode()]))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+            keys.append(source if index else f"{path}:0")
+        writer.write(tf.train.Example().SerializeToString())
+        keys.append(f"{path}:{len(paths)}")
+    return keys
+
+
+def _jsonl(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str]:
+    lines = [json.dumps({"key": source, "image_bytes": {"b64": base64.b64encode(inputs[source]).decode()}})
+             for source in paths]
+    lines += ["{not json", json.dumps({"key": "bad-b64", "image_bytes": {"b64": "@@@"}})]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return paths + [f"{path}:{len(paths) + 1}", "bad-b64"]
+
+
+def _filelist(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str]:
+    missing = os.path.join(os.path.dirname(path), "missing.jpg")
+    with open(path, "w") as f:
+        f.write("\n".join(paths + ["missing.jpg", ""]) + "\n")
+    return paths + [missing]
+
+
+@pytest.mark.parametrize("name, writer, bad_status", [
+    ("images.tfrecord", _tfrecord, {"INVALID_ARGUMENT"}),
+    ("images.jsonl", _jsonl, {"INVALID_ARGUMENT"}),
+    ("images.txt", _filelist, {"NOT_FOUND"}),
+])
+def test_each_input_format_is_read_keyed_and_predicted(name, writer, bad_status, model_dir, inputs, reference,
+                                                       tmp_path, capsys):
+    good = sorted(reference)[:11]
+    source = str(tmp_path / name)
+    expected_keys = writer(source, inputs, good)
+    output = str(tmp_path / "out")
+    summary = run_job(capsys, "--model_dir", model_dir, "--input", source, "--output_dir", output,
+                      "--batch_size", "4", *IN_MEMORY)
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, expected_keys)
+    assert summary["rows_in"] == len(expected_keys) and summary["complete"]
+    assert {row["error"]["status"] for row in errors} == bad_status
+    tfrecord_first = f"{source}:0"
+    assert_matches_reference(results, reference, lambda key: good[0] if key == tfrecord_first else key)
+
+
+def test_rerun_refuses_a_used_output_dir_unless_overwrite(model_dir, inputs, tmp_path, capsys):
+    some = sorted(inputs)[:3]
+    (tmp_path / "in").mkdir()
+    for path in some:
+        (tmp_path / "in" / os.path.basename(path)).write_bytes(inputs[path])
+    output = tmp_path / "out"
+    argv = ["--model_dir", model_dir, "--input", str(tmp_path / "in" / "*"), "--output_dir", str(output),
+            *IN_MEMORY]
+    run_job(capsys, *argv)
+    stale = output / "prediction.results-00007-of-00009"
+    stale.write_text('{"key": "from an older run"}\n')
+    before = sorted(os.listdir(output))
+
+    assert batch_job.main(argv) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert sorted(os.listdir(output)) == before
+
+    run_job(capsys, *argv, "--overwrite")
+    assert not stale.exists()
+    results, errors = read_output(str(output))
+    assert_nothing_lost(results, errors, [str(tmp_path / "in" / os.path.basename(p)) for p in some])
+
+
+def test_cli_rejects_bad_flags_and_empty_patterns(model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o", "--batch_size", "0"])
+    assert "--batch_size must be at least 1" in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "-m", "petal", "batch", "--model_dir", model_dir, "--output_dir",
+                           str(tmp_path / "o"), "--input", str(tmp_path / "nothing-*.jpg")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and "matches no files" in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+FOUR_DEVICES = textwrap.dedent("""
+    import json, logging, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    import petal
+    from serving.batch_prediction import model_handler
+    info = model_handler.read_model_info(sys.argv[1])
+    try:
+        model_handler.StaticBatchClassifier(info, 6)
+    except ValueError as e:
+        print(json.dumps({"rejected": str(e)}))
+    sys.exit(petal.main(["-v", "batch", "--model_dir", sys.argv[1], "--input", sys.argv[2], "--output_dir",
+                         sys.argv[3], "--batch_size", "8", "--direct_running_mode", "in_memory"]))
+""")
+
+
+def test_padding_on_four_logical_devices_with_batch_8_loses_and_duplicates_nothing(
+        model_dir, inputs, reference, tmp_path):
+    output = str(tmp_path / "out")
+    pattern = os.path.join(os.path.dirname(next(iter(inputs))), "*")
+    done = subprocess.run([sys.executable, "-c", FOUR_DEVICES, model_dir, pattern, output], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert "not a multiple of the 4 replicas" in lines[0]["rejected"]
+    summary = lines[-1]
+    assert summary["batches"] * 8 == summary["results"] + summary["padding_rows"] and summary["padding_rows"] > 0
+    loaded = [json.loads(line) for line in done.stderr.splitlines() if '"model loaded"' in line]
+    assert [(e["strategy"], e["replicas"]) for e in loaded] == [("MirroredStrategy", 4)]
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, inputs)
+    assert_matches_reference(results, reference)
+
+
+def test_multi_process_direct_runner_shares_the_model_and_loses_nothing(model_dir, inputs, reference, tmp_path):
+    output = str(tmp_path / "out")
+    done = subprocess.run(
+        [sys.executable, "-m", "petal", "batch", "--model_dir", model_dir, "--input",
+         os.path.join(os.path.dirname(next(iter(inputs))), "*"), "--output_dir", output, "--batch_size", "16",
+         "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (summary["rows_in"], summary["results"], summary["errors"]) == (103, 100, 3)
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, inputs)
+    assert_matches_reference(results, reference)
+
+
+def test_predictions_equal_a_real_servers_rest_predict(image_job, model_dir, inputs):
+    results = {row["key"]: row["prediction"] for row in read_output(image_job[0])[0]}
+    keys = sorted(results)[:12]
+    body = json.dumps({"signature_name": "serving_default", "instances": [
+        {"image_bytes": b64(inputs[key])} for key in keys]}).encode()
+    with run_server(f"--model_base_path={model_dir}", "--model_name=flowers") as server:
+        request = urllib.request.Request(f"{server.rest_url}/v1/models/flowers:predict", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            predictions = json.load(response)["predictions"]
+    assert len(predictions) == len(keys)
+    for key, served in zip(keys, predictions, strict=False):
+        np.testing.assert_allclose(results[key]["probabilities"], served["probabilities"], atol=1e-5)
+        assert (results[key]["classid"], results[key]["class"]) == (served["classid"], served["class"])
+
+
+def test_the_shipped_model_classifies_fresh_flowers_as_the_server_would(tmp_path, capsys):
+    labels = {}
+    (tmp_path / "in").mkdir()
+    for i in range(25):
+        label = synth.CLASSES[i % len(synth.CLASSES)]
+        path = tmp_path / "in" / f"{label}-{i}.jpg"
+        path.write_bytes(synth.render(label, 90_000 + i, min_size=120, max_size=240))
+        labels[str(path)] = label
+    summary = run_job(capsys, "--model_dir", SHIPPED_MODEL, "--input", str(tmp_path / "in" / "*.jpg"),
+                      "--output_dir", str(tmp_path / "out"), *IN_MEMORY)
+    assert summary["model"].endswith("flowers/1") and summary["results"] == 25
+    results, errors = read_output(str(tmp_path / "out"))
+    assert not errors
+    keys = sorted(labels)
+    served = serving_default(SHIPPED_MODEL, [open(k, "rb").read() for k in keys])
+    reference = {k: {"probabilities": served["probabilities"][i], "classid": int(served["classid"][i]),
+                     "class": served["class"][i].decode()} for i, k in enumerate(keys)}
+    assert_matches_reference(results, reference)
+    correct = sum(row["prediction"]["class"] == labels[row["key"]] for row in results)
+    assert correct >= 20, f"only {correct}/25 fresh synthetic flowers classified right"

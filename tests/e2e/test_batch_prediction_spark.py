@@ -1,0 +1,335 @@
+"""`petal batch --engine=spark` on a real standalone Spark cluster (a master and a 1-core worker on 127.0.0.1,
+started once per session from PyPI's pyspark and the system's JVM) and on `local[1]`.
+
+Every input record comes out once, as a result or an error; the answers are the Beam job's on the same records;
+and a task whose executor Python worker is killed with SIGKILL is retried with no record lost or doubled.
+"""
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyspark
+import pytest
+from test_batch_prediction_beam import _jsonl, _tfrecord, assert_nothing_lost, read_output
+
+from server_harness import ROOT, tiny_model_base
+from serving.batch_prediction import job as beam_job
+from serving.batch_prediction import spark_job
+from training import synth
+
+SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+GOOD = 30
+CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
+           "notes.jpg": "Unknown image file format"}
+CLUSTER_START_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_env() -> dict[str, str]:
+    """Loopback only, this Python (with Petal from this checkout) for the Python workers, TF's C++ logs off."""
+    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+            "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    url: str
+    worker_pid: int
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """A standalone master and one 1-core worker, up once the master lists the worker as ALIVE."""
+    folder = tmp_path_factory.mktemp("spark-cluster")
+    port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    env = {**spark_env(), "SPARK_LOG_DIR": str(folder), "SPARK_WORKER_DIR": str(folder / "work")}
+    processes = []
+    deadline = time.monotonic() + CLUSTER_START_S
+
+    def start(name: str, *argv: str, ready) -> None:
+        """Starts one daemon and waits until `ready` holds: a worker started before its master has
+        answered waits seconds for its next registration attempt."""
+        with open(folder / f"{name}.log", "wb") as log:
+            processes.append(subprocess.Popen([SPARK_CLASS, *argv], env=env, stdout=log, stderr=subprocess.STDOUT))
+        while not ready():
+            assert processes[-1].poll() is None, (folder / f"{name}.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the Spark {name} was not ready in {CLUSTER_START_S} s"
+            time.sleep(0.25)
+
+    try:
+        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+              "--webui-port", str(master_ui), ready=lambda: _master_state(master_ui) is not None)
+        start("worker", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1",
+              "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
+              ready=lambda: any(w["state"] == "ALIVE" for w in _master_state(master_ui)["workers"]))
+        yield Cluster(f"spark://127.0.0.1:{port}", processes[1].pid)
+    finally:
+        for process in reversed(processes):
+            _stop(process)
+
+
+def _master_state(master_ui: int) -> dict | None:
+    """The master's status page as JSON, or None while it does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{master_ui}/json/", timeout=5) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="session")
+def spark(cluster, tmp_path_factory):
+    """This process as the driver of one application on the cluster, shared by the tests that run jobs in it."""
+    os.environ.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    session = (pyspark.sql.SparkSession.builder.master(cluster.url).appName("petal-tests")
+               .config(map={**spark_job.LOCAL_CONF, "spark.ui.enabled": "false", "spark.executor.memory": "1g",
+                            "spark.executorEnv.PYTHONPATH": spark_env()["PYTHONPATH"],
+                            "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "3"})
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    return tiny_model_base()
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory) -> dict[str, bytes]:
+    """GOOD JPEGs and three files that must become error lines, by path."""
+    folder = tmp_path_factory.mktemp("spark-images")
+    jpeg = synth.render("daisy", 0, min_size=40, max_size=64)
+    files = {f"flower{i:03d}.jpg": synth.render(i % 5, i, min_size=40, max_size=64) for i in range(GOOD)}
+    files.update({"corrupt.jpg": jpeg[:20] + bytes(len(jpeg) - 20), "empty.jpg": b"",
+                  "notes.jpg": b"this is a text file, not an image\n"})
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return {str(folder / name): data for name, data in files.items()}
+
+
+def _good(images: dict[str, bytes]) -> list[str]:
+    return sorted(p for p in images if os.path.basename(p) not in CORRUPT)
+
+
+def write_input(kind: str, folder, images: dict[str, bytes]) -> tuple[str, list[str]]:
+    """An input pattern of `kind` in two or more files, with corrupt records mixed in, and the keys it must give."""
+    good = _good(images)
+    if kind == "images":
+        return os.path.join(os.path.dirname(good[0]), "*"), list(images)
+    if kind == "tfrecord":
+        keys = _tfrecord(str(folder / "a.tfrecord"), images, good[:15])
+        cut = folder / "cut.tfrecord"
+        keys += _tfrecord(str(cut), images, good[15:])
+        cut.write_bytes(cut.read_bytes()[:-2])  # its last record cut short: DATA_LOSS, keyed by its position
+        return str(folder / "*.tfrecord"), keys
+    corrupt = next(p for p in images if p.endswith("corrupt.jpg"))
+    keys = _jsonl(str(folder / "a.jsonl"), images, good[:20] + [corrupt])
+    (folder / "b.jsonl").write_text("".join(json.dumps({"key": p, "image_bytes": {"b64": base64.b64encode(
+        images[p]).decode()}}) + "\n" for p in good[20:]))
+    return str(folder / "*.jsonl"), keys + good[20:]
+
+
+def beam_lines(model_dir: str, pattern: str, output: str, capsys) -> tuple[list[dict], list[dict]]:
+    assert beam_job.main(["--model_dir", model_dir, "--input", pattern, "--output_dir", output, "--batch_size",
+                          "4", "--top_k", "2", "--direct_running_mode", "in_memory"]) == 0
+    capsys.readouterr()
+    return read_output(output)
+
+
+def assert_same_answers(spark_rows: list[dict], beam_rows: list[dict]) -> None:
+    spark_by_key = {row["key"]: row for row in spark_rows}
+    beam_by_key = {row["key"]: row for row in beam_rows}
+    assert spark_by_key.keys() == beam_by_key.keys()
+    for key, row in spark_by_key.items():
+        expected = beam_by_key[key]
+        if "error" in row:
+            assert row == expected
+            continue
+        np.testing.assert_allclose(row["prediction"].pop("probabilities"),
+                                   expected["prediction"].pop("probabilities"), atol=1e-6)
+        assert row == expected
+
+
+def spark_args(model_dir: str, pattern: str, output: str, *extra: str) -> list[str]:
+    return ["--engine=spark", "--model_dir", model_dir, "--input", pattern, "--output_dir", output,
+            "--batch_size", "4", "--top_k", "2", "--rows_per_partition", "8", *extra]
+
+
+def assert_committed(output: str, summary: dict) -> None:
+    """One shard per partition under its final name, and no attempt's leftovers."""
+    assert sorted(os.listdir(output)) == sorted(
+        [f"prediction.results-{i:05d}-of-{summary['partitions']:05d}" for i in range(summary["partitions"])]
+        + ["prediction.errors_stats-00000-of-00001"])
+
+
+@pytest.mark.parametrize("kind", ["images", "tfrecord", "jsonl"])
+def test_the_cluster_gives_every_record_once_with_the_beam_jobs_answers(kind, spark, model_dir, images, tmp_path,
+                                                                       capsys):
+    (tmp_path / "in").mkdir()
+    pattern, keys = write_input(kind, tmp_path / "in", images)
+    output = str(tmp_path / "spark")
+    summary = spark_job.run(spark_job.parse_args(spark_args(model_dir, pattern, output)), spark)
+    assert summary["complete"] and summary["partitions"] >= 2
+    assert summary["rows_in"] == summary["results"] + summary["errors"] == len(keys)
+    assert summary["batches"] * 4 == summary["results"] + summary["padding_rows"]
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, keys)
+    assert_committed(output, summary)
+    beam_results, beam_errors = beam_lines(model_dir, pattern, str(tmp_path / "beam"), capsys)
+    assert_same_answers(results + errors, beam_results + beam_errors)
+    assert len(errors) >= 2 and {e["error"]["status"] for e in errors} <= {"INVALID_ARGUMENT", "DATA_LOSS"}
+
+
+def event_log(folder: str) -> list[dict]:
+    """The one application's events, from Spark's rolling event log (a folder of `events_<n>_<app>` files),
+    written uncompressed for the test."""
+    (app,) = os.listdir(folder)
+    parts = sorted(glob.glob(os.path.join(folder, app, "events_*")),
+                   key=lambda p: int(os.path.basename(p).split("_")[1]))
+    return [json.loads(line) for part in parts for line in open(part)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def python_workers_under(ancestor: int) -> set[int]:
+    """PySpark's Python workers below a process: the children its daemon forks for tasks."""
+    workers = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or "pyspark.daemon" not in _cmdline(int(entry)):
+            continue
+        pid = parent = int(entry)
+        if "pyspark.daemon" not in _cmdline(_parent(pid)):
+            continue  # the daemon itself
+        while parent > 1 and parent != ancestor:
+            parent = _parent(parent)
+        if parent == ancestor:
+            workers.add(pid)
+    return workers
+
+
+def _loaded_tensorflow(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtensorflow_framework" in f.read()
+    except OSError:
+        return False
+
+
+def kill_first_new_worker(ancestor: int, before: set[int], stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILLs the first Python worker forked after `before` once it has begun to import TensorFlow: it is then
+    running its task's code, and importing the rest of TensorFlow and loading the model take it seconds more, so
+    the kill lands inside a running task (a kill during the worker's handshake could be hidden by Spark
+    restarting its daemon)."""
+    while not stop.is_set():
+        started = [pid for pid in python_workers_under(ancestor) - before if _loaded_tensorflow(pid)]
+        if started:
+            os.kill(started[0], signal.SIGKILL)
+            killed.append(started[0])
+            return
+        time.sleep(0.02)
+
+
+def test_a_task_whose_python_worker_is_killed_is_retried_with_no_record_lost_or_doubled(
+        spark, cluster, model_dir, images, tmp_path):
+    idle = python_workers_under(cluster.worker_pid)
+    for pid in idle:  # so that the job's first task forks a fresh worker, which the killer can catch cold
+        os.kill(pid, signal.SIGKILL)
+    output = str(tmp_path / "out")
+    args = spark_job.parse_args(spark_args(model_dir, os.path.join(os.path.dirname(next(iter(images))), "*"),
+                                           output))
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_first_new_worker, args=(cluster.worker_pid, idle, stop, killed))
+    killer.start()
+    context = spark.sparkContext
+    context.setJobGroup("killed-worker", "a Python worker is killed during the first task")
+    try:
+        summary = spark_job.run(args, spark)
+    finally:
+        stop.set()
+        killer.join()
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert killed, "no Python worker was started for the job"
+    tracker = context.statusTracker()
+    stages = [s for job in tracker.getJobIdsForGroup("killed-worker") for s in tracker.getJobInfo(job).stageIds]
+    assert sum(tracker.getStageInfo(s).numFailedTasks for s in stages) >= 1, "no task failed: the kill missed"
+    assert summary["complete"] and summary["rows_in"] == len(images) == summary["results"] + summary["errors"]
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, images)
+    assert_committed(output, summary)
+
+
+def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path):
+    (tmp_path / "in").mkdir()
+    pattern, keys = write_input("jsonl", tmp_path / "in", images)
+    output, events = str(tmp_path / "out"), str(tmp_path / "events")
+    env = {k: v for k, v in spark_env().items() if k != "PYSPARK_PYTHON"}  # local[N] finds its own Python
+    done = subprocess.run([sys.executable, "-m", "petal", "batch", *spark_args(
+        model_dir, pattern, output, "--spark_master", "local[1]", "--spark_event_log_dir", events,
+        "--spark_conf", "spark.eventLog.compress=false")],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (summary["engine"], summary["rows_in"], summary["complete"]) == ("spark", len(keys), True)
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, keys)
+    assert_committed(output, summary)
+    names = [e["Event"] for e in event_log(events)]
+    assert names.count("SparkListenerTaskEnd") == summary["partitions"] and names[-1] == "SparkListenerApplicationEnd"
+
+
+def test_bad_flags_missing_inputs_and_a_used_output_dir_stop_before_spark_starts(model_dir, images, tmp_path,
+                                                                                 capsys):
+    with pytest.raises(SystemExit):
+        spark_job.parse_args(spark_args(model_dir, "x", "o", "--rows_per_partition", "0"))
+    assert "--rows_per_partition must be at least 1" in capsys.readouterr().err
+    assert spark_job.main(spark_args(model_dir, str(tmp_path / "nothing-*.jpg"), str(tmp_path / "o"))) == 2
+    assert "matches no files" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "prediction.results-00000-of-00001").write_text("{}\n")
+    assert spark_job.main(spark_args(model_dir, next(iter(images)), str(tmp_path / "used"))) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "used") == ["prediction.results-00000-of-00001"]

@@ -1,0 +1,637 @@
+"""TF Serving's documented answers from one `petal serve` serving four model formats at once, over REST, gRPC on TCP
+and gRPC on the Unix socket, called with TF Serving's stock `tensorflow_serving.apis` stubs.
+
+The server reads a `--model_config_file` that serves tests/foreign_models.py's models, built in a temp folder:
+- `half_plus_two`: the TF1 graph in TF Serving's zero-padded folders 00000123 (y = 0.5 x + 2: TF Serving's
+  half_plus_two) and 00000124 (y = 0.5 x + 3: its half_plus_three), both served (`specific` policy), labelled
+  "stable" (123) and "canary" (124);
+- `tf2_module`: a `tf.saved_model.save` tf.Module whose classify and regress signatures have the predict method;
+- `keras_export`: a Keras 3 `model.export()` (y = x . [1, 2, 3] + 0.5);
+- `half_plus_two_tflite`: a version folder holding only `model.tflite`, as TF Serving's
+  `saved_model_half_plus_two_tflite` test model is shipped. It needs `--prefer_tflite_model`, which (in TF Serving's
+  SavedModelBundleFactory as in serving/core/loaders.py) picks TFLite only for a version folder that has a
+  `model.tflite`: the other three, which have none, stay on their SavedModels.
+with `--grpc_socket_path` and `--enable_batching`.
+
+Expected values come from TF Serving's own documentation and tests (tensorflow/serving, read at commit 9d981c5):
+- `g3doc/api_rest.md`: "Model status API" and "Make REST API calls to ModelServer" (the status body, half_plus_three
+  predicting 3.5, 4.0, 5.5 for 1.0, 2.0, 5.0, regressing 3.5, 4.0 for 1.0, 2.0, and 404
+  `{"error": "Servable not found for request: Latest(half)"}`), "Classify and Regress API" (the `results` bodies),
+  "Predict API" (row and columnar requests and answers), "Model Metadata API". Its "Response format" for
+  classify and regress says `result`, but its example and the code (util/json_tensor.cc kClassifyRegressResponseKey)
+  say `results`, which is what TF Serving sends;
+- `g3doc/docker.md`: half_plus_two predicts 2.5, 3.0, 4.5 for 1.0, 2.0, 5.0;
+- `model_servers/http_rest_api_handler_test.cc` and `servables/tensorflow/testdata/
+  saved_model_half_plus_two_2_versions_metadata.json`: [[1, 2], [3, 4]] -> [[2.5, 3.0], [3.5, 4.0]], regress_x_to_y
+  80 -> 42, classify_x_to_y 20 -> [["", 12]] and 10 -> [["", 7]], the status of a version and of a label, and the
+  metadata JSON of the serving_default, classify_x_to_y and regress_x_to_y2 signatures;
+- the error texts of `core/manager.h` (ServableRequest::DebugString), `model_servers/server_core.cc` (labels, a
+  ModelSpec without a name), `model_servers/get_model_status_impl.cc`, `servables/tensorflow/
+  get_model_metadata_impl.cc`, `servables/tensorflow/predict_util.cc` and `model_servers/http_rest_api_handler.cc`
+  (unknown signatures), and TensorFlow's Session for a fed tensor of another dtype, with
+  `model_servers/http_server.cc`'s ToHTTPStatusCode for the HTTP status of each code.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+from google.protobuf import json_format
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    input_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+import foreign_models
+from server_harness import run_server
+
+TIMEOUT = 60
+TRANSPORTS = ("rest", "grpc_tcp", "grpc_unix")
+CLASSIFY = "tensorflow/serving/classify"
+REGRESS = "tensorflow/serving/regress"
+# model_servers/http_server.cc ToHTTPStatusCode, for the codes these tests meet
+HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "NOT_FOUND": 404}
+
+
+# --- the server -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compat")
+    hpt = foreign_models.tf1_half_plus_two(str(root / "half_plus_two"))
+    tf2 = os.path.dirname(foreign_models.tf2_module(str(root / "tf2_module")))
+    keras = os.path.dirname(foreign_models.keras_export(str(root / "keras_export")))
+    tflite = root / "half_plus_two_tflite"
+    (tflite / "1").mkdir(parents=True)
+    shutil.move(foreign_models.tflite_beside(foreign_models.tf2_module(str(root / "scratch"))),
+                tflite / "1" / "model.tflite")
+    config = root / "models.config"
+    config.write_text(f"""model_config_list {{
+  config {{ name: "half_plus_two" base_path: "{hpt}" model_platform: "tensorflow"
+           model_version_policy {{ specific {{ versions: 123 versions: 124 }} }}
+           version_labels {{ key: "stable" value: 123 }} version_labels {{ key: "canary" value: 124 }} }}
+  config {{ name: "tf2_module" base_path: "{tf2}" model_platform: "tensorflow" }}
+  config {{ name: "keras_export" base_path: "{keras}" model_platform: "tensorflow" }}
+  config {{ name: "half_plus_two_tflite" base_path: "{tflite}" model_platform: "tensorflow" }}
+}}
+""")
+    socket_path = str(root / "petal.sock")
+    with run_server(f"--model_config_file={config}", f"--grpc_socket_path={socket_path}", "--enable_batching",
+                    "--prefer_tflite_model", "--file_system_poll_wait_seconds=0") as srv:
+        srv.socket_path = socket_path
+        srv.models_root = root
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def channels(server):
+    tcp = grpc.insecure_channel(server.grpc_target)
+    unix = grpc.insecure_channel(f"unix:{server.socket_path}")
+    yield {"grpc_tcp": tcp, "grpc_unix": unix}
+    tcp.close()
+    unix.close()
+
+
+# --- one client per transport, each answering in REST's JSON shapes ---------------------------------------------
+
+@dataclass(frozen=True)
+class Spec:
+    """Which model, version (or label) and signature a call names; with neither version nor label, the latest."""
+    model: str
+    version: int | None = None
+    label: str | None = None
+    signature: str = ""
+
+    def path(self) -> str:
+        if self.version is not None:
+            return f"{self.model}/versions/{self.version}"
+        return f"{self.model}/labels/{self.label}" if self.label else self.model
+
+    def fill(self, spec) -> None:
+        """Set a request's ModelSpec to this."""
+        spec.name = self.model
+        spec.signature_name = self.signature
+        if self.version is not None:
+            spec.version.value = self.version
+        if self.label:
+            spec.version_label = self.label
+
+
+class Refused(Exception):
+    """A call answered with an error: `status` is the HTTP status over REST, the gRPC code's name over gRPC."""
+
+    def __init__(self, status: int | str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def proto_json(message) -> dict:
+    """A proto as TF Serving's REST handler prints it (http_rest_api_util.cc: field names kept, every field)."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def rest_values(value):
+    """REST tensor values as the gRPC side reads them: strings and {"b64"} objects as bytes."""
+    if isinstance(value, list):
+        return [rest_values(v) for v in value]
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    return value.encode() if isinstance(value, str) else value
+
+
+def json_values(array: np.ndarray) -> list:
+    """A tensor as a REST request writes it: api_rest.md "Encoding binary values" for bytes."""
+    if array.dtype == object:
+        return np.vectorize(lambda v: {"b64": base64.b64encode(v).decode()}, otypes=[object])(array).tolist()
+    return array.tolist()
+
+
+class RestClient:
+    def __init__(self, url: str):
+        self.url = f"{url}/v1/models"
+
+    def _answer(self, response: requests.Response) -> dict:
+        assert response.headers["Content-Type"].startswith("application/json"), response.text
+        if response.status_code != 200:
+            assert set(response.json()) == {"error"}, response.text  # api_rest.md: errors are {"error": ...}
+            raise Refused(response.status_code, response.json()["error"])
+        return response.json()
+
+    def get(self, path: str) -> dict:
+        return self._answer(requests.get(f"{self.url}/{path}", timeout=TIMEOUT))
+
+    def post(self, path: str, body: dict) -> dict:
+        return self._answer(requests.post(f"{self.url}/{path}", json=body, timeout=TIMEOUT))
+
+    def status(self, spec: Spec) -> dict:
+        return self.get(spec.path())
+
+    def metadata(self, spec: Spec) -> dict:
+        return self.get(f"{spec.path()}/metadata")
+
+    def predict(self, spec: Spec, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, list]:
+        """Columnar form; api_rest.md: one output is answered without its name."""
+        body = {"inputs": {k: json_values(v) for k, v in inputs.items()}}
+        if spec.signature:
+            body["signature_name"] = spec.signature
+        answer = self.post(f"{spec.path()}:predict", body)["outputs"]
+        named = answer if len(outputs) > 1 else {outputs[0]: answer}
+        return {k: rest_values(v) for k, v in named.items()}
+
+    def infer(self, verb: str, spec: Spec, examples: list[dict]) -> list:
+        body = {"signature_name": spec.signature, "examples": examples}
+        return self.post(f"{spec.path()}:{verb}", body)["results"]
+
+    def classify(self, spec: Spec, examples: list[dict]) -> list:
+        return self.infer("classify", spec, examples)
+
+    def regress(self, spec: Spec, examples: list[dict]) -> list:
+        return self.infer("regress", spec, examples)
+
+
+def example_input(examples: list[dict]) -> input_pb2.Input:
+    return input_pb2.Input(example_list=input_pb2.ExampleList(
+        examples=[foreign_models.example(**e) for e in examples]))
+
+
+def classes_json(result: classification_pb2.ClassificationResult) -> list:
+    """api_rest.md "Classify and Regress API": [[label, score], ...] per example."""
+    return [[[c.label, c.score] for c in row.classes] for row in result.classifications]
+
+
+class GrpcClient:
+    def __init__(self, channel: grpc.Channel):
+        self.prediction = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        self.model = model_service_pb2_grpc.ModelServiceStub(channel)
+
+    @staticmethod
+    def call(method, request):
+        try:
+            return method(request, timeout=TIMEOUT)
+        except grpc.RpcError as error:
+            raise Refused(error.code().name, error.details()) from None
+
+    def status(self, spec: Spec) -> dict:
+        request = get_model_status_pb2.GetModelStatusRequest()
+        spec.fill(request.model_spec)
+        return proto_json(self.call(self.model.GetModelStatus, request))
+
+    def metadata(self, spec: Spec) -> dict:
+        """GetModelMetadataResponse as TF Serving's REST prints it, with the Any of signature_def unpacked."""
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        spec.fill(request.model_spec)
+        response = self.call(self.prediction.GetModelMetadata, request)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        assert response.metadata["signature_def"].Unpack(signatures)
+        return {"model_spec": proto_json(response.model_spec),
+                "metadata": {"signature_def": proto_json(signatures)}}
+
+    def predict_response(self, spec: Spec, inputs: dict[str, np.ndarray]) -> predict_pb2.PredictResponse:
+        request = predict_pb2.PredictRequest()
+        spec.fill(request.model_spec)
+        for name, value in inputs.items():
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+        return self.call(self.prediction.Predict, request)
+
+    def predict(self, spec: Spec, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, list]:
+        response = self.predict_response(spec, inputs)
+        return {k: tf.make_ndarray(v).tolist() for k, v in response.outputs.items()}
+
+    def classify_response(self, spec: Spec, examples: list[dict]) -> classification_pb2.ClassificationResponse:
+        request = classification_pb2.ClassificationRequest(input=example_input(examples))
+        spec.fill(request.model_spec)
+        return self.call(self.prediction.Classify, request)
+
+    def regress_response(self, spec: Spec, examples: list[dict]) -> regression_pb2.RegressionResponse:
+        request = regression_pb2.RegressionRequest(input=example_input(examples))
+        spec.fill(request.model_spec)
+        return self.call(self.prediction.Regress, request)
+
+    def classify(self, spec: Spec, examples: list[dict]) -> list:
+        return classes_json(self.classify_response(spec, examples).result)
+
+    def regress(self, spec: Spec, examples: list[dict]) -> list:
+        return [r.value for r in self.regress_response(spec, examples).result.regressions]
+
+
+@pytest.fixture(scope="module")
+def clients(server, channels) -> dict:
+    return {"rest": RestClient(server.rest_url), **{k: GrpcClient(c) for k, c in channels.items()}}
+
+
+@pytest.fixture(params=TRANSPORTS)
+def client(request, clients):
+    return clients[request.param]
+
+
+@pytest.fixture(params=[t for t in TRANSPORTS if t.startswith("grpc")])
+def grpc_client(request, clients) -> GrpcClient:
+    return clients[request.param]
+
+
+def refused(client, call, *args) -> tuple[int | str, str]:
+    with pytest.raises(Refused) as info:
+        call(*args)
+    return info.value.status, info.value.message
+
+
+def expected_status(client, code: str) -> int | str:
+    return HTTP_STATUS[code] if isinstance(client, RestClient) else code
+
+
+# --- model status -----------------------------------------------------------------------------------------------
+
+def version_status(*versions: int) -> dict:
+    """api_rest.md "Make REST API calls to ModelServer": the status body of available versions."""
+    return {"model_version_status": [
+        {"version": str(v), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        for v in versions]}
+
+
+@pytest.mark.parametrize("spec, versions", [
+    (Spec("half_plus_two"), (124, 123)),  # newest first: ServableStateMonitor's VersionMap is std::greater
+    (Spec("half_plus_two", version=123), (123,)),
+    (Spec("half_plus_two", version=124), (124,)),
+    # api_rest.md: a label selects its version, as here. (TF Serving's GetModelStatusImpl reads only
+    # model_spec.version, so TF Serving itself answers every version for a label, known or not.)
+    (Spec("half_plus_two", label="stable"), (123,)),
+    (Spec("half_plus_two", label="canary"), (124,)),
+    (Spec("tf2_module"), (1,)),
+    (Spec("keras_export"), (1,)),
+    (Spec("half_plus_two_tflite"), (1,)),
+], ids=["hpt all", "hpt 123", "hpt 124", "hpt stable", "hpt canary", "tf2", "keras", "tflite"])
+def test_model_status(client, spec, versions):
+    assert client.status(spec) == version_status(*versions)
+
+
+# --- metadata ---------------------------------------------------------------------------------------------------
+
+# saved_model_half_plus_two_2_versions_metadata.json, for the signatures the test model shares with TF Serving's.
+# The shapes there are what TF 1.x's shape inference gave x and y; TF 2.21's ParseExampleV2 gives them none (the
+# serialized input has no rank), so shapes are compared with the model's own saved_model.pb instead.
+DOCUMENTED_SIGNATURES = {
+    "serving_default": {"inputs": {"x": {"dtype": "DT_FLOAT", "name": "x:0"}},
+                        "outputs": {"y": {"dtype": "DT_FLOAT", "name": "y:0"}},
+                        "method_name": "tensorflow/serving/predict", "defaults": {}},
+    "classify_x_to_y": {"inputs": {"inputs": {"dtype": "DT_STRING", "name": "tf_example:0"}},
+                        "outputs": {"scores": {"dtype": "DT_FLOAT", "name": "y:0"}},
+                        "method_name": CLASSIFY, "defaults": {}},
+    "regress_x_to_y2": {"inputs": {"inputs": {"dtype": "DT_STRING", "name": "tf_example:0"}},
+                        "outputs": {"outputs": {"dtype": "DT_FLOAT", "name": "y2:0"}},
+                        "method_name": REGRESS, "defaults": {}},
+}
+HPT_SIGNATURES = ["classify_x_to_classes", "classify_x_to_y", "predict_x_to_y2", "regress_x2_to_y3",
+                  "regress_x_to_y", "regress_x_to_y2", "serving_default"]
+
+
+def without_shapes(signature: dict) -> dict:
+    return {**signature, **{side: {k: {f: v for f, v in t.items() if f != "tensor_shape"}
+                                   for k, t in signature[side].items()} for side in ("inputs", "outputs")}}
+
+
+def saved_signatures(version_dir) -> dict:
+    """The signature_def map of a version's saved_model.pb, printed as TF Serving prints metadata."""
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString((version_dir / "saved_model.pb").read_bytes())
+    return proto_json(get_model_metadata_pb2.SignatureDefMap(signature_def=saved_model.meta_graphs[0].signature_def))
+
+
+@pytest.mark.parametrize("spec, version", [
+    (Spec("half_plus_two"), 124), (Spec("half_plus_two", version=123), 123),
+    (Spec("half_plus_two", label="stable"), 123), (Spec("half_plus_two", label="canary"), 124),
+], ids=["latest", "123", "stable", "canary"])
+def test_tf1_metadata_is_tf_servings(server, client, spec, version):
+    metadata = client.metadata(spec)
+    assert metadata["model_spec"] == {"name": "half_plus_two", "signature_name": "", "version": str(version)}
+    signatures = metadata["metadata"]["signature_def"]
+    assert signatures == saved_signatures(server.models_root / "half_plus_two" / f"{version:08d}")
+    assert sorted(signatures["signature_def"]) == HPT_SIGNATURES
+    assert {k: without_shapes(signatures["signature_def"][k]) for k in DOCUMENTED_SIGNATURES} == DOCUMENTED_SIGNATURES
+    assert signatures["signature_def"]["classify_x_to_y"]["inputs"]["inputs"]["tensor_shape"] == {
+        "dim": [], "unknown_rank": True}
+
+
+@pytest.mark.parametrize("model, signatures", [
+    ("tf2_module", {"serving_default": {"x": "DT_FLOAT"}, "classify": {"inputs": "DT_STRING"},
+                    "regress": {"inputs": "DT_STRING"}, "multi": {"ids": "DT_INT64", "text": "DT_STRING"}}),
+    ("keras_export", {"serving_default": {"features": "DT_FLOAT"}, "serve": {"features": "DT_FLOAT"}}),
+    ("half_plus_two_tflite", {"serving_default": {"x": "DT_FLOAT"}}),  # the converter keeps one signature
+])
+def test_metadata_of_the_other_formats_is_the_same_on_every_transport(clients, model, signatures):
+    answers = {name: c.metadata(Spec(model)) for name, c in clients.items()}
+    assert answers["grpc_tcp"] == answers["grpc_unix"] == answers["rest"]
+    metadata = answers["rest"]
+    assert metadata["model_spec"] == {"name": model, "signature_name": "", "version": "1"}
+    found = metadata["metadata"]["signature_def"]["signature_def"]
+    assert {k: {i: t["dtype"] for i, t in s["inputs"].items()} for k, s in found.items()} == signatures
+    assert {s["method_name"] for s in found.values()} == {"tensorflow/serving/predict"}
+
+
+def metadata_request(*fields: str) -> get_model_metadata_pb2.GetModelMetadataRequest:
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=fields)
+    Spec("tf2_module", signature="regress").fill(request.model_spec)
+    return request
+
+
+@pytest.mark.parametrize("fields, message", [
+    ((), "GetModelMetadataRequest must specify at least one metadata_field"),
+    (("signature_def", "nope"), "Metadata field nope is not supported"),
+], ids=["none", "unknown"])
+def test_grpc_metadata_fields_are_checked_as_get_model_metadata_impl_checks_them(grpc_client, fields, message):
+    assert refused(grpc_client, grpc_client.call, grpc_client.prediction.GetModelMetadata,
+                   metadata_request(*fields)) == ("INVALID_ARGUMENT", message)
+
+
+def test_grpc_metadata_names_the_model_and_version_but_no_signature(grpc_client):
+    """get_model_metadata_impl.cc sets the answer's name and version only, whatever signature the request named;
+    a field named twice is answered once."""
+    response = grpc_client.call(grpc_client.prediction.GetModelMetadata,
+                                metadata_request("signature_def", "signature_def"))
+    assert proto_json(response.model_spec) == {"name": "tf2_module", "signature_name": "", "version": "1"}
+    assert list(response.metadata) == ["signature_def"]
+
+
+# --- predict ----------------------------------------------------------------------------------------------------
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("spec, inputs, expected", [
+    # docker.md: half_plus_two; api_rest.md "Example": half_plus_three
+    (Spec("half_plus_two", version=123), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec("half_plus_two", label="stable"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec("half_plus_two"), {"x": np.array([1, 2, 5], F32)}, {"y": [3.5, 4.0, 5.5]}),
+    (Spec("half_plus_two", label="canary"), {"x": np.array([1, 2, 5], F32)}, {"y": [3.5, 4.0, 5.5]}),
+    # http_rest_api_handler_test.cc: [[1, 2], [3, 4]] on the serving_default signature named
+    (Spec("half_plus_two", version=123, signature="serving_default"), {"x": np.array([[1, 2], [3, 4]], F32)},
+     {"y": [[2.5, 3.0], [3.5, 4.0]]}),
+    (Spec("half_plus_two", version=124, signature="predict_x_to_y2"), {"x": np.array([[1], [2]], F32)},
+     {"y": [[3.5], [4.0]]}),
+    (Spec("tf2_module"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec("tf2_module", signature="multi"), {"ids": np.array([[1, 2], [3, -4]]),
+                                             "text": np.array([b"ab", "\u00e9".encode()], dtype=object)},
+     {"sum": [3, -1], "length": [2, 2], "echo_bytes": [b"ab", "\u00e9".encode()]}),
+    (Spec("keras_export"), {"features": np.array([[1, 1, 1], [0, 0, 2]], F32)}, {"output_0": [[6.5], [6.5]]}),
+    (Spec("half_plus_two_tflite"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+], ids=["hpt 123", "hpt stable", "hpt latest", "hpt canary", "hpt 2x2", "hpt y2", "tf2", "tf2 multi", "keras",
+        "tflite"])
+def test_predict(client, spec, inputs, expected):
+    assert client.predict(spec, inputs, list(expected)) == expected
+
+
+@pytest.mark.parametrize("path, body, expected", [
+    # api_rest.md "Specifying input tensors in row format" / "Response format"
+    ("half_plus_two/versions/123", {"instances": [1.0, 2.0, 5.0]}, {"predictions": [2.5, 3.0, 4.5]}),
+    ("half_plus_two", {"instances": [1.0, 2.0, 5.0]}, {"predictions": [3.5, 4.0, 5.5]}),
+    ("half_plus_two/labels/stable", {"instances": [[1.0, 2.0], [3.0, 4.0]]},
+     {"predictions": [[2.5, 3.0], [3.5, 4.0]]}),
+    ("half_plus_two/versions/123", {"signature_name": "serving_default", "inputs": [3.0, 4.0]},
+     {"outputs": [3.5, 4.0]}),
+    ("tf2_module", {"instances": [{"x": 1.0}, {"x": 2.0}]}, {"predictions": [2.5, 3.0]}),
+    ("tf2_module", {"signature_name": "multi", "instances": [{"ids": [1, 2], "text": "ab"},
+                                                             {"ids": [3, 4], "text": "c"}]},
+     {"predictions": [{"sum": 3, "length": 2, "echo_bytes": {"b64": "YWI="}},
+                      {"sum": 7, "length": 1, "echo_bytes": {"b64": "Yw=="}}]}),
+    ("tf2_module", {"signature_name": "multi", "inputs": {"ids": [[1, 2]], "text": ["ab"]}},
+     {"outputs": {"sum": [3], "length": [2], "echo_bytes": [{"b64": "YWI="}]}}),
+    ("keras_export", {"instances": [[1.0, 0.0, 0.0]]}, {"predictions": [[1.5]]}),
+    ("half_plus_two_tflite", {"inputs": {"x": [1.0, 2.0, 5.0]}}, {"outputs": [2.5, 3.0, 4.5]}),
+], ids=["row 123", "row latest", "row stable 2x2", "columnar unnamed", "row objects", "row several outputs",
+        "columnar several outputs", "keras row", "tflite columnar"])
+def test_rest_predict_row_and_columnar_bodies(clients, path, body, expected):
+    assert clients["rest"].post(f"{path}:predict", body) == expected
+
+
+@pytest.mark.parametrize("spec, version", [
+    (Spec("half_plus_two"), 124), (Spec("half_plus_two", label="stable"), 123),
+    (Spec("half_plus_two", version=123), 123), (Spec("tf2_module"), 1), (Spec("half_plus_two_tflite"), 1),
+], ids=["latest", "stable", "123", "tf2", "tflite"])
+def test_grpc_predict_names_the_version_and_signature_that_ran(grpc_client, spec, version):
+    response = grpc_client.predict_response(spec, {"x": np.array([1.0], F32)})
+    assert (response.model_spec.name, response.model_spec.version.value, response.model_spec.signature_name) == (
+        spec.model, version, "serving_default")
+    assert not response.model_spec.version_label  # TF Serving answers with the number a label stands for
+
+
+# --- classify and regress ---------------------------------------------------------------------------------------
+
+NEG, POS = foreign_models.CLASS_NAMES
+
+
+@pytest.mark.parametrize("spec, examples, expected", [
+    # http_rest_api_handler_test.cc
+    (Spec("half_plus_two", version=123, signature="classify_x_to_y"), [{"x": 20.0}], [[["", 12.0]]]),
+    (Spec("half_plus_two", label="stable", signature="classify_x_to_y"), [{"x": 10.0}], [[["", 7.0]]]),
+    (Spec("half_plus_two", label="canary", signature="classify_x_to_y"), [{"x": 10.0}], [[["", 8.0]]]),
+    (Spec("half_plus_two", signature="classify_x_to_classes"), [{"x": 0.0}, {"x": 5.0}],
+     [[[NEG, 1.0], [POS, 0.0]], [[NEG, 0.0], [POS, 1.0]]]),
+    (Spec("tf2_module", signature="classify"), [{"x": 1.0}, {"x": 4.0}],
+     [[[NEG, 1.0], [POS, 0.0]], [[NEG, 0.0], [POS, 1.0]]]),
+], ids=["hpt 123", "hpt stable", "hpt canary", "hpt classes", "tf2"])
+def test_classify(client, spec, examples, expected):
+    assert client.classify(spec, examples) == expected
+
+
+@pytest.mark.parametrize("spec, examples, expected", [
+    # api_rest.md "Make REST API calls": half_plus_three regresses 1.0, 2.0 to 3.5, 4.0
+    (Spec("half_plus_two", signature="regress_x_to_y"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
+    (Spec("half_plus_two", version=123, signature="regress_x_to_y2"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
+    # http_rest_api_handler_test.cc: regress_x_to_y 80 -> 42, by version and by label
+    (Spec("half_plus_two", version=123, signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
+    (Spec("half_plus_two", label="stable", signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
+    (Spec("tf2_module", signature="regress"), [{"x": 1.0}, {"x": 4.0}], [2.5, 4.0]),
+], ids=["hpt latest", "hpt 123 y2", "hpt 123", "hpt stable", "tf2"])
+def test_regress(client, spec, examples, expected):
+    assert client.regress(spec, examples) == expected
+
+
+@pytest.mark.parametrize("call, spec", [
+    ("classify", Spec("keras_export")), ("regress", Spec("keras_export")),
+    ("regress", Spec("half_plus_two_tflite")), ("regress", Spec("half_plus_two", signature="serving_default")),
+], ids=["keras classify", "keras regress", "tflite regress", "hpt predict signature"])
+def test_classify_and_regress_refuse_a_signature_that_does_not_fit_alike(clients, call, spec):
+    """The Keras, TFLite and predict signatures take a float tensor, not serialized tf.Examples."""
+    answers = {name: refused(c, getattr(c, call), spec, [{"x": 1.0}]) for name, c in clients.items()}
+    assert answers["rest"] == (400, answers["grpc_tcp"][1])
+    assert answers["grpc_tcp"] == answers["grpc_unix"] == ("INVALID_ARGUMENT", answers["rest"][1])
+    noun = "classification" if call == "classify" else "regression"
+    assert answers["rest"][1].startswith(f"No {noun} inputs found in SignatureDef")
+
+
+def test_grpc_classify_and_regress_name_the_version_and_signature_that_ran(grpc_client):
+    spec = Spec("half_plus_two", label="stable", signature="classify_x_to_y")
+    classified = grpc_client.classify_response(spec, [{"x": 1.0}])
+    assert (classified.model_spec.version.value, classified.model_spec.signature_name) == (123, "classify_x_to_y")
+    regressed = grpc_client.regress_response(Spec("tf2_module", signature="regress"), [{"x": 1.0}])
+    assert (regressed.model_spec.name, regressed.model_spec.version.value,
+            regressed.model_spec.signature_name) == ("tf2_module", 1, "regress")
+
+
+# --- MultiInference (gRPC only: TF Serving's REST API has no multi-inference verb) -------------------------------
+
+@pytest.mark.parametrize("spec, tasks, version", [
+    (Spec("half_plus_two", label="canary"), [(REGRESS, "regress_x_to_y"), (CLASSIFY, "classify_x_to_y"),
+                                             (REGRESS, "regress_x_to_y2")], 124),
+    (Spec("half_plus_two", version=123), [(CLASSIFY, "classify_x_to_classes"), (REGRESS, "regress_x_to_y")], 123),
+    (Spec("tf2_module"), [(CLASSIFY, "classify"), (REGRESS, "regress")], 1),
+], ids=["hpt canary", "hpt 123", "tf2"])
+def test_multi_inference_answers_as_classify_and_regress_do(clients, grpc_client, spec, tasks, version):
+    examples = [{"x": 1.0}, {"x": 4.0}]
+    request = inference_pb2.MultiInferenceRequest(input=example_input(examples))
+    for method, signature in tasks:
+        task = request.tasks.add(method_name=method)
+        Spec(spec.model, spec.version, spec.label, signature).fill(task.model_spec)
+    response = grpc_client.call(grpc_client.prediction.MultiInference, request)
+    rest = clients["rest"]
+    expected, got = [], []
+    for (method, signature), result in zip(tasks, response.results, strict=True):
+        task_spec = Spec(spec.model, spec.version, spec.label, signature)
+        assert (result.model_spec.name, result.model_spec.version.value, result.model_spec.signature_name) == (
+            spec.model, version, signature)
+        if method == CLASSIFY:
+            expected.append(rest.classify(task_spec, examples))
+            got.append(classes_json(result.classification_result))
+        else:
+            expected.append(rest.regress(task_spec, examples))
+            got.append([r.value for r in result.regression_result.regressions])
+    assert got == expected
+
+
+# --- errors -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, spec, code, message", [
+    # api_rest.md "Make REST API calls": POST /v1/models/half:predict
+    ("predict", Spec("half"), "NOT_FOUND", "Servable not found for request: Latest(half)"),
+    ("predict", Spec("half_plus_two", version=99), "NOT_FOUND",
+     "Servable not found for request: Specific(half_plus_two, 99)"),
+    ("predict", Spec("half_plus_two", label="nope"), "INVALID_ARGUMENT", "Unrecognized servable version label: nope"),
+    ("classify", Spec("half", signature="classify_x_to_y"), "NOT_FOUND",
+     "Servable not found for request: Latest(half)"),
+    ("classify", Spec("half_plus_two", label="nope", signature="classify_x_to_y"), "INVALID_ARGUMENT",
+     "Unrecognized servable version label: nope"),
+    ("regress", Spec("half_plus_two", version=125, signature="regress_x_to_y"), "NOT_FOUND",
+     "Servable not found for request: Specific(half_plus_two, 125)"),
+    ("metadata", Spec("half"), "NOT_FOUND", "Servable not found for request: Latest(half)"),
+    ("metadata", Spec("tf2_module", version=2), "NOT_FOUND", "Servable not found for request: Specific(tf2_module, 2)"),
+    ("metadata", Spec("half_plus_two", label="nope"), "INVALID_ARGUMENT",
+     "Unrecognized servable version label: nope"),
+    ("status", Spec("half"), "NOT_FOUND", "Could not find any versions of model half"),
+    ("status", Spec("half_plus_two", version=99), "NOT_FOUND", "Could not find version 99 of model half_plus_two"),
+], ids=["predict model", "predict version", "predict label", "classify model", "classify label", "regress version",
+        "metadata model", "metadata version", "metadata label", "status model", "status version"])
+def test_errors_are_tf_servings(client, call, spec, code, message):
+    args = {"predict": (spec, {"x": np.array([1.0], F32)}, ["y"]), "classify": (spec, [{"x": 1.0}]),
+            "regress": (spec, [{"x": 1.0}]), "metadata": (spec,), "status": (spec,)}[call]
+    assert refused(client, getattr(client, call), *args) == (expected_status(client, code), message)
+
+
+def test_an_unknown_signature_is_refused_as_each_api_of_tf_serving_refuses_it(client):
+    """predict_util.cc (gRPC): FAILED_PRECONDITION; http_rest_api_handler.cc GetInfoMap (REST): INVALID_ARGUMENT."""
+    status, message = refused(client, client.predict, Spec("half_plus_two", signature="nope"),
+                              {"x": np.array([1.0], F32)}, ["y"])
+    if isinstance(client, RestClient):
+        assert (status, message) == (400, 'Serving signature name: "nope" not found in signature def')
+    else:
+        assert (status, message) == ("FAILED_PRECONDITION", 'Serving signature key "nope" not found.')
+
+
+@pytest.mark.parametrize("method", ["Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata"])
+def test_grpc_a_request_without_a_model_name_is_refused_as_server_core_refuses_it(grpc_client, method):
+    request = {"Predict": predict_pb2.PredictRequest(), "Classify": classification_pb2.ClassificationRequest(),
+               "Regress": regression_pb2.RegressionRequest(), "MultiInference": inference_pb2.MultiInferenceRequest(),
+               "GetModelMetadata": get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])}[
+        method]
+    assert refused(grpc_client, grpc_client.call, getattr(grpc_client.prediction, method), request) == (
+        "INVALID_ARGUMENT", "ModelSpec has no name specified.")
+
+
+@pytest.mark.parametrize("spec, inputs, message", [
+    (Spec("half_plus_two"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+    (Spec("tf2_module"), {"x": np.array([1], np.int32)}, "Expects arg[0] to be float but int32 is provided"),
+    (Spec("keras_export"), {"features": np.ones((1, 3))}, "Expects arg[0] to be float but double is provided"),
+    (Spec("half_plus_two_tflite"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+    (Spec("tf2_module", signature="multi"), {"ids": np.array([[1, 2]], np.int64), "text": np.array([1])},
+     "Expects arg[1] to be string but int64 is provided"),
+], ids=["tf1 double", "tf2 int32", "keras double", "tflite double", "tf2 second input"])
+def test_grpc_tensors_of_another_dtype_are_refused_as_tf_servings_session_refuses_them(grpc_client, spec, inputs,
+                                                                                       message):
+    """A TensorProto says its dtype, and TF Serving feeds it to the Session as it is, whose check refuses it (its
+    best-known error: numpy's default float64 sent for a float input). REST's JSON numbers have no dtype and are
+    converted."""
+    assert refused(grpc_client, grpc_client.predict, spec, inputs, ["y"]) == ("INVALID_ARGUMENT", message)
+
+
+# --- batching across transports ---------------------------------------------------------------------------------
+
+def test_concurrent_calls_over_every_transport_each_get_their_own_rows(clients):
+    """--enable_batching merges concurrent rows of one signature; every caller must still get only its own."""
+    models = [(Spec("half_plus_two", version=123), 2.0), (Spec("half_plus_two", version=124), 3.0),
+              (Spec("tf2_module"), 2.0), (Spec("half_plus_two_tflite"), 2.0)]
+
+    def call(i: int) -> bool:
+        spec, intercept = models[i % len(models)]
+        x = np.arange(1 + i % 3, dtype=F32) + i
+        got = clients[TRANSPORTS[i % 3]].predict(spec, {"x": x}, ["y"])
+        return got == {"y": (0.5 * x + intercept).tolist()}
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(call, range(48), timeout=TIMEOUT))
+    assert all(answers), answers

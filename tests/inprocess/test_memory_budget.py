@@ -1,0 +1,194 @@
+"""A worker's memory budget (serving/core/budget.py): its two shares, how the flags resolve it, and how an HTTP
+request holds it from before its body is read until it is answered (serving/protocols/admission.py), over a real
+DataPlane on the tiny model through Flask's test client. tests/e2e/test_pixel_flood.py floods a real server."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import struct
+import threading
+import time
+
+import pytest
+
+from server_harness import b64, in_process_core, jpeg, tiny_model_base
+from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, parse_args, resolve_memory_budget
+from serving.core import Code, ServingError
+from serving.core.budget import MemoryBudget
+from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
+from serving.protocols.app import create_app
+from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
+
+PREDICT = "/v1/models/flowers:predict"
+BUDGET = 8 * MiB
+PIXELS = 1_000_000  # 4 MB kept for decoding, 4 MB for bodies
+
+
+# --- the budget itself ------------------------------------------------------------------------------------------
+
+def test_bodies_are_admitted_or_refused_at_once_and_given_back():
+    budget = MemoryBudget(1000, 100)  # 400 bytes of pixels, 600 of bodies
+    assert budget.body_limit == 600
+    first = budget.hold(500)
+    with pytest.raises(ServingError) as full:
+        budget.hold(200)
+    assert full.value.code == Code.UNAVAILABLE and "--memory_budget_bytes" in full.value.message
+    with pytest.raises(ServingError) as never:
+        budget.hold(601)
+    assert never.value.code == Code.RESOURCE_EXHAUSTED
+    with pytest.raises(ServingError):
+        first.grow(101)  # a growing request is refused the same way, keeping what it held
+    assert budget.held == 500
+    first.release()
+    with budget.hold(200) as second:
+        second.grow(400)
+        assert budget.held == 600
+    assert budget.held == 0
+
+
+def test_pixels_wait_in_their_own_share_which_bodies_never_take():
+    budget = MemoryBudget(1000, 100)
+    hold = budget.hold(600)  # bodies full: decoding still has its share, so an admitted request always finishes
+    assert budget.acquire(100, deadline=time.monotonic() + 0.1)
+    assert not budget.acquire(1, deadline=time.monotonic() + 0.1)
+    threading.Timer(0.1, budget.release, args=(100,)).start()
+    assert budget.acquire(60, deadline=time.monotonic() + 5)
+    assert budget.held == 600 + 60 * BYTES_PER_PIXEL
+    budget.release(60)
+    hold.release()
+    assert budget.held == 0
+    with pytest.raises(ValueError):
+        MemoryBudget(400, 100)  # nothing left for bodies
+    off = MemoryBudget(-1, -1)
+    assert off.acquire(10 ** 12) and off.hold(10 ** 12).nbytes == 10 ** 12 and off.held == 0
+
+
+# --- the flags ----------------------------------------------------------------------------------------------
+
+def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
+    derived = parse_args([]).dataplane
+    assert derived.memory_budget_bytes > 0
+    assert derived.max_inflight_pixels == max(derived.memory_budget_bytes // 2 // BYTES_PER_PIXEL,
+                                              derived.max_image_pixels)
+    given = parse_args([f"--memory_budget_bytes={256 * MiB}", "--max_image_pixels=36000000"]).dataplane
+    assert (given.memory_budget_bytes, given.max_inflight_pixels) == (256 * MiB, 36_000_000)
+    old = parse_args(["--max_inflight_pixels=50000000"]).dataplane  # the old flag sets the pixel share
+    assert old.max_inflight_pixels == 50_000_000 and old.memory_budget_bytes > 50_000_000 * BYTES_PER_PIXEL
+    for off in (["--max_inflight_pixels=-1"], ["--memory_budget_bytes=-1"]):
+        dataplane = parse_args(off).dataplane
+        assert (dataplane.memory_budget_bytes, dataplane.max_inflight_pixels) == (-1, -1)
+    with pytest.raises(ValueError, match="leave room for request bodies"):
+        resolve_memory_budget(ServerOptions(DataPlaneOptions(memory_budget_bytes=100 * MiB,
+                                                             max_inflight_pixels=40_000_000)))
+
+
+# --- over HTTP ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def core():
+    with in_process_core(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET,
+                         max_inflight_pixels=PIXELS, max_image_pixels=PIXELS) as core:
+        yield core
+
+
+@pytest.fixture(scope="module")
+def client(core):
+    return create_app(core, ProtocolOptions(rest_api_timeout_in_ms=10_000)).test_client()
+
+
+def predict_body(images: int = 1, padding: int = 0) -> bytes:
+    """A predict of small JPEGs, padded with JSON whitespace to a given size."""
+    return json.dumps({"instances": [b64(jpeg(seed=i)) for i in range(images)]}).encode() + b" " * padding
+
+
+def refused(response, status: int) -> str:
+    assert response.status_code == status, response.get_data(as_text=True)
+    body = response.get_json()
+    assert set(body) == {"error"}
+    return body["error"]
+
+
+def test_a_request_holds_its_body_until_answered_then_gives_it_back(client, core):
+    seen = []
+    held = core.memory.hold(0)
+    try:
+        original = core.predict
+
+        def spy(*args, **kwargs):
+            seen.append(core.memory.held)
+            return original(*args, **kwargs)
+        core.predict = spy
+        body = predict_body(padding=100_000)
+        assert client.post(PREDICT, data=body, content_type="application/json").status_code == 200
+    finally:
+        del core.predict
+        held.release()
+    # the body before it was read, then its one value outside strings, held while it ran
+    assert seen == [len(body) * BODY_BYTES_FACTOR + JSON_VALUE_BYTES]
+    assert core.memory.held == 0
+
+
+def test_past_the_budget_the_answer_is_503_with_retry_after_before_the_body_is_read(client, core):
+    body = predict_body(padding=MiB)
+    with core.memory.hold(core.memory.body_limit - len(body) * BODY_BYTES_FACTOR + 1):
+        unread = io.BytesIO(body)
+        response = client.post(PREDICT, input_stream=unread, content_length=len(body),
+                               content_type="application/json")
+        assert "memory budget" in refused(response, 503) and response.headers["Retry-After"] == "1"
+        assert unread.tell() == 0, "refused before a byte of the body was read"
+    assert client.post(PREDICT, data=body, content_type="application/json").status_code == 200
+    assert core.memory.held == 0
+
+
+def test_a_chunked_body_is_charged_as_it_is_read(client, core):
+    body = predict_body(padding=MiB)
+    headers = {"Transfer-Encoding": "chunked"}
+    chunked = {"wsgi.input_terminated": True}
+    with core.memory.hold(core.memory.body_limit - MiB):
+        stream = io.BytesIO(body)
+        response = client.post(PREDICT, input_stream=stream, headers=headers, content_type="application/json",
+                               environ_overrides=chunked)
+        assert "memory budget" in refused(response, 503)
+        assert 0 < stream.tell() < len(body), "refused part way, at the first piece that did not fit"
+    response = client.post(PREDICT, input_stream=io.BytesIO(body), headers=headers,
+                           content_type="application/json", environ_overrides=chunked)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert core.memory.held == 0
+
+
+def test_more_than_the_budget_could_ever_hold_is_413(client, core):
+    too_big = predict_body(padding=core.memory.body_limit // BODY_BYTES_FACTOR)
+    assert "memory budget" in refused(client.post(PREDICT, data=too_big, content_type="application/json"), 413)
+    inflated = gzip.compress(too_big)  # small on the wire, charged as it inflates
+    response = client.post(PREDICT, data=inflated, content_type="application/json",
+                           headers={"Content-Encoding": "gzip"})
+    assert "memory budget" in refused(response, 413)
+    numbers = json.dumps({"instances": [[0.5] * 1000] * 100}).encode()  # 0.5 MB of JSON, 6.4 MB parsed
+    assert "memory budget" in refused(client.post(PREDICT, data=numbers, content_type="application/json"), 413)
+    assert core.memory.held == 0
+
+
+def test_errors_and_multipart_give_the_budget_back(client, core):
+    assert client.post(PREDICT, data=b"{not json", content_type="application/json").status_code == 400
+    response = client.post("/v1/models/flowers:classify_image", content_type="multipart/form-data",
+                           data={"image": (io.BytesIO(jpeg()), "a.jpg")})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert client.post("/v1/models/nope:predict", data=predict_body(), content_type="application/json"
+                       ).status_code == 404
+    assert core.memory.held == 0
+
+
+def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_are_decoded(client, core):
+    """Two-byte BYTES elements are 6 bytes on the wire and about 40 decoded: the hold grows by the objects before
+    the body is split into them, so a body well inside the budget that would decode past it is a 413."""
+    count = core.memory.body_limit // STRING_ELEMENT_BYTES + 1
+    raw = b"".join(struct.pack("<I", 2) + b"ab" for _ in range(count))
+    assert len(raw) * BODY_BYTES_FACTOR < core.memory.body_limit, "the body alone fits"
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [count], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    response = client.post("/v2/models/flowers/infer", data=header + raw,
+                           headers={"Inference-Header-Content-Length": str(len(header))},
+                           content_type="application/octet-stream")
+    assert "memory budget" in refused(response, 413)
+    assert core.memory.held == 0

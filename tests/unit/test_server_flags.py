@@ -1,0 +1,244 @@
+"""`petal serve` takes every tensorflow_model_server flag: the parser, the warning and refusal rules, the flags page,
+and the pieces behind three of them that need no server (the far-deadline waits, the start-up gate, the Unix
+socket's ownership). Servers that use them run in tests/e2e/test_grpc_socket.py and tests/e2e/test_startup_order.py."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from server_harness import ROOT
+from serving import threads
+from serving.config import BatchingOptions, build_parser, option_defaults, parse_args
+from serving.core.batching import Batcher
+from serving.core.budget import MemoryBudget
+from serving.core.startup import Startup
+from serving.metrics import Metrics
+from serving.model_server_flags import UNIMPLEMENTED
+from serving.protocols import unix_socket
+
+# Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
+# value of its type that Petal can honour.
+TF_SERVING_FLAGS = {
+    "port": "8500", "grpc_socket_path": "/tmp/petal-flags-test.sock", "rest_api_port": "8501",
+    "rest_api_num_threads": "8", "rest_api_timeout_in_ms": "30000", "rest_api_enable_cors_support": "true",
+    "enable_batching": "true", "allow_version_labels_for_unavailable_models": "true",
+    "batching_parameters_file": "", "enable_per_model_batching_parameters": "false", "model_config_file": "",
+    "model_config_file_poll_wait_seconds": "0", "model_name": "m", "model_base_path": "/models/m",
+    "num_load_threads": "0", "num_unload_threads": "0", "max_num_load_retries": "5",
+    "load_retry_interval_micros": "60000000", "file_system_poll_wait_seconds": "1", "flush_filesystem_caches": "true",
+    "tensorflow_session_parallelism": "0", "tensorflow_session_config_file": "",
+    "tensorflow_intra_op_parallelism": "0", "tensorflow_inter_op_parallelism": "0", "use_alts_credentials": "false",
+    "ssl_config_file": "", "platform_config_file": "", "per_process_gpu_memory_fraction": "0",
+    "saved_model_tags": "serve", "grpc_channel_arguments": "grpc.max_connection_age_ms=2000",
+    "grpc_max_threads": "16", "enable_model_warmup": "true", "num_request_iterations_for_warmup": "0",
+    "version": "false", "monitoring_config_file": "", "remove_unused_fields_from_bundle_metagraph": "true",
+    "prefer_tflite_model": "false", "num_tflite_pools": "4", "num_tflite_interpreters_per_pool": "1",
+    "enable_signature_method_name_check": "false", "xla_cpu_compilation_enabled": "false",
+    "xla_gpu_compilation_enabled": "false", "enable_profiler": "true", "thread_pool_factory_config_file": "",
+    "mixed_precision": "", "skip_initialize_tpu": "false", "enable_grpc_healthcheck_service": "true",
+    "enable_serialization_as_tensor_content": "false",
+}
+REFUSED = {"enable_per_model_batching_parameters": "true", "use_alts_credentials": "true",
+           "platform_config_file": "/etc/platform.config", "mixed_precision": "bfloat16", "rest_api_port": "0"}
+
+
+def parser_flags() -> set[str]:
+    return {option[2:] for action in build_parser()._actions for option in action.option_strings
+            if option.startswith("--") and option != "--help"}
+
+
+def table_flags(heading: str) -> list[str]:
+    """The flags in the first column of the table under `heading` in docs/flags.md."""
+    with open(os.path.join(ROOT, "docs", "flags.md")) as f:
+        text = f.read()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `--([a-z0-9_]+)", section, flags=re.MULTILINE)
+
+
+def test_every_tensorflow_model_server_flag_parses_and_those_values_warn_about_nothing_else():
+    argv = [f"--{name}={value}" for name, value in TF_SERVING_FLAGS.items()]
+    options = parse_args(argv)
+    protocols = options.protocols
+    assert protocols.port == 8500 and protocols.grpc_socket_path == "/tmp/petal-flags-test.sock"
+    assert protocols.grpc_max_threads == 16 and options.process.threads == 8
+    assert protocols.cors_allowed_origins == ("*",)
+    warned = {flag.split("=")[0][2:] for flag, _ in options.ineffective_flags}
+    # the values above are TF Serving's defaults or usual ones; these change nothing in Petal, and only these warn
+    assert warned == {"flush_filesystem_caches", "max_num_load_retries", "load_retry_interval_micros",
+                      "remove_unused_fields_from_bundle_metagraph", "num_tflite_pools",
+                      "num_tflite_interpreters_per_pool", "xla_cpu_compilation_enabled", "xla_gpu_compilation_enabled",
+                      "enable_profiler", "skip_initialize_tpu", "enable_serialization_as_tensor_content"}
+
+
+def test_each_flag_of_the_list_is_in_the_parser_and_on_the_flags_page():
+    assert set(TF_SERVING_FLAGS) <= parser_flags()
+    assert {f.name for f in UNIMPLEMENTED} <= set(TF_SERVING_FLAGS)
+    assert set(TF_SERVING_FLAGS) == set(table_flags("## tensorflow_model_server"))
+    petal_own = parser_flags() - set(TF_SERVING_FLAGS)
+    assert petal_own == set(table_flags("## Petal's own flags"))
+
+
+def test_a_flag_that_changes_nothing_is_named_with_why_and_one_with_petals_value_is_silent():
+    options = parse_args(["--num_load_threads=4", "--enable_profiler", "--num_request_iterations_for_warmup=1",
+                          "--enable_grpc_healthcheck_service=true", "--per_process_gpu_memory_fraction=0.5"])
+    assert dict(options.ineffective_flags) == {
+        "--num_load_threads=4": "Petal loads versions one at a time on one thread",
+        "--enable_profiler=true": "Petal serves no TensorFlow profiler service",
+        "--per_process_gpu_memory_fraction=0.5": "TensorFlow chooses how much GPU memory to take"}
+    assert parse_args([]).ineffective_flags == ()
+
+
+@pytest.mark.parametrize("name,value", sorted(REFUSED.items()))
+def test_a_flag_asking_for_what_petal_cannot_do_is_refused_by_name(name, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([f"--{name}={value}"])
+    assert exit_info.value.code == 2
+    assert f"--{name}=" in capsys.readouterr().err
+
+
+def test_a_malformed_value_fails_as_it_does_in_tf_serving(capsys):
+    for argv in (["--num_load_threads=many"], ["--enable_profiler=perhaps"], ["--no_such_flag=1"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert argv[0].split("=")[0][2:] in capsys.readouterr().err
+
+
+def test_session_parallelism_sets_both_pools_unless_one_is_given(capsys):
+    both = parse_args(["--tensorflow_session_parallelism=3"]).dataplane
+    assert (both.tensorflow_intra_op_parallelism, both.tensorflow_inter_op_parallelism) == (3, 3)
+    one = parse_args(["--tensorflow_session_parallelism=3", "--tensorflow_intra_op_parallelism=2"]).dataplane
+    assert (one.tensorflow_intra_op_parallelism, one.tensorflow_inter_op_parallelism) == (2, 0)
+    with pytest.raises(SystemExit):
+        parse_args(["--tensorflow_session_parallelism=3", "--tensorflow_intra_op_parallelism=2",
+                    "--tensorflow_inter_op_parallelism=2"])
+    assert "not all three" in capsys.readouterr().err
+
+
+def test_cors_support_means_every_origin_unless_origins_are_named():
+    assert parse_args(["--rest_api_enable_cors_support"]).protocols.cors_allowed_origins == ("*",)
+    named = parse_args(["--rest_api_enable_cors_support", "--cors_allowed_origins=https://a.example"]).protocols
+    assert named.cors_allowed_origins == ("https://a.example",)
+    assert parse_args([]).protocols.cors_allowed_origins == ()
+
+
+def test_version_prints_tf_servings_two_lines_and_exits(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--version"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("TensorFlow ModelServer: petal ") and lines[1].startswith("TensorFlow Library: 2.")
+
+
+def test_parser_defaults_are_the_server_options_defaults():
+    defaults = option_defaults()
+    fields = set(defaults)
+    checked = 0
+    for action in build_parser()._actions:
+        if action.dest in fields:
+            assert action.default == defaults[action.dest], action.dest
+            checked += 1
+    assert checked > 40
+
+
+# --- far deadlines: a wait past threading.TIMEOUT_MAX raised OverflowError, which became INTERNAL or a 500 -------
+
+FAR = 1e10  # seconds: beyond threading.TIMEOUT_MAX (about 9.2e9)
+
+
+def test_a_far_deadline_is_no_deadline_and_a_near_one_is_kept():
+    now = time.monotonic()
+    assert threads.timeout_until(None) is None
+    assert threads.timeout_until(now + FAR) is None
+    assert 0 < threads.timeout_until(now + 5) <= 5
+    assert threads.timeout_until(now - 1) == 0.0
+
+
+def test_the_pixel_budget_waits_for_room_under_a_far_deadline():
+    budget = MemoryBudget(0, 10)
+    assert budget.acquire(8)
+    threading.Timer(0.2, budget.release, args=(8,)).start()
+    assert budget.acquire(8, time.monotonic() + FAR)
+
+
+def test_a_batched_request_with_a_far_deadline_runs():
+    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=1), Metrics())
+    try:
+        def slow_double(inputs):
+            time.sleep(0.1)  # the request is still waiting when the batch thread runs it
+            return {"y": inputs["x"] * 2}
+        out = batcher.run("m", "m", slow_double, {"x": np.arange(3.0)}, 3, deadline=time.monotonic() + FAR)
+        assert out["y"].tolist() == [0.0, 2.0, 4.0]
+    finally:
+        batcher.close()
+
+
+# --- the start-up gate ----------------------------------------------------------------------------------------
+
+def test_startup_opens_once_loaded_and_every_port_is_open():
+    gate = Startup(ports=1)
+    assert not gate.wait(time.monotonic() + 0.05)
+    gate.loaded()
+    assert not gate.done and not gate.wait(time.monotonic() + 0.05)
+    opened = []
+    waiter = threading.Thread(target=lambda: opened.append(gate.wait(None)))
+    waiter.start()
+    time.sleep(0.05)
+    gate.port_opened()
+    waiter.join(5)
+    assert opened == [True] and gate.done
+    gate.loaded()  # said again by a second watcher of the load: nothing changes
+    assert gate.wait(time.monotonic())
+
+
+# --- the Unix socket's owner and its stale files --------------------------------------------------------------
+
+def test_only_one_worker_claims_the_socket_and_the_lock_frees_with_its_holder(tmp_path):
+    assert unix_socket.claim("")  # a single worker needs no lock
+    assert unix_socket.claim(str(tmp_path))
+    assert not unix_socket.claim(str(tmp_path))  # a sibling (another open file) is refused
+    os.close(unix_socket._held.pop())  # the holder dies: the kernel drops its lock
+    assert unix_socket.claim(str(tmp_path))
+    os.close(unix_socket._held.pop())
+
+
+def test_a_stale_socket_may_be_replaced_but_a_live_one_or_another_file_never(tmp_path):
+    path = str(tmp_path / "grpc.sock")
+    unix_socket.check_free(path)  # nothing there
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(path)
+    live.listen()
+    with pytest.raises(OSError, match="another server is listening"):
+        unix_socket.check_free(path)
+    unix_socket.remove_stale(path)
+    assert os.path.exists(path)
+    live.close()  # the server is gone; its file stays behind
+    unix_socket.check_free(path)
+    unix_socket.remove_stale(path)
+    assert not os.path.exists(path)
+    regular = tmp_path / "notes.txt"
+    regular.write_text("keep me")
+    with pytest.raises(OSError, match="not a socket"):
+        unix_socket.check_free(str(regular))
+    unix_socket.remove_stale(str(regular))
+    assert regular.read_text() == "keep me"
+
+
+def test_a_socket_path_petal_cannot_bind_fails_at_start_naming_it(tmp_path):
+    with pytest.raises(OSError, match="longer than a Unix socket path"):
+        unix_socket.check_free("/tmp/" + "s" * 103)
+    with pytest.raises(OSError, match="its folder does not exist"):
+        unix_socket.check_free(str(tmp_path / "missing" / "grpc.sock"))
+    taken = tmp_path / "grpc.sock"
+    taken.write_text("not a socket")
+    result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--grpc_socket_path={taken}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"--grpc_socket_path {str(taken)!r} exists and is not a socket" in result.stderr
+    assert taken.read_text() == "not a socket"
