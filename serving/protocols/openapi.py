@@ -1,9 +1,10 @@
 """`GET /openapi.json`: the OpenAPI 3.1 contract of the REST port, for client generators, gateways and fuzzers.
 
 The contract is the hand-written `openapi.json` beside this module, not derived from the routes: what clients may
-rely on is decided by a person, and tests/test_http_inprocess.py fails when it and the app's URL rules drift apart
-(and tests/test_openapi.py fuzzes a real server against it). Only what depends on the running server is filled in
-here: the package version and the metrics path, which --monitoring_config_file moves or removes.
+rely on is decided by a person, and tests/inprocess/test_http_inprocess.py fails when it and the app's URL rules
+drift apart (and tests/e2e/test_openapi.py fuzzes a real server against it). Only what depends on the running
+server is filled in here: the package version and the metrics path, which --monitoring_config_file moves or
+removes.
 """
 from __future__ import annotations
 

@@ -64,7 +64,6 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path):
     proc.stdout.close()
 
 
-@pytest.mark.slow
 def test_a_real_server_is_ready_on_two_distinct_ports_and_gone_after():
     with launcher.running([f"--model_base_path={tiny_model_base()}", "--model_name=flowers"], cwd=ROOT) as server:
         assert server.rest_port != server.grpc_port

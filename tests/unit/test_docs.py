@@ -125,3 +125,17 @@ def test_no_file_cites_the_protocol_summary_outside_the_repository():
     citing = [f"{f.relative_to(ROOT)}:{n}" for f in files
               for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1) if OUTSIDE_CITATION in line]
     assert citing == [], "cite the docs/ page and section that states the fact instead"
+
+
+# A path into the repository's own code folders, as docs and docstrings name them (`tests/e2e/test_rest.py`).
+CITED_PATH = re.compile(r"(?<![\w./-])((?:tests|serving|training|load_tests|benchmarks|exported_models|deploy)"
+                        r"/[\w./-]*\w\.(?:py|sh|toml|json|md|yaml))")
+
+
+def test_every_repository_file_a_page_or_docstring_names_exists():
+    """Moving a file (a test into its tier, a package rename) must not leave pages and docstrings pointing at it."""
+    files = [f for f in repository_files() if f.suffix in (".py", ".md", ".toml") or f.name in ("Dockerfile", "run")]
+    missing = [f"{f.relative_to(ROOT)}:{n}: {path}" for f in files
+               for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+               for path in CITED_PATH.findall(line) if not (ROOT / path).exists()]
+    assert missing == []
