@@ -127,7 +127,9 @@ def _worker(requests: int, queued: int, ready, done) -> None:
 
 
 def test_workers_aggregate_through_the_directory(multiproc_dir):
-    context = multiprocessing.get_context("fork")
+    # Spawned, not forked: this test process may already run other tests' threads (a DataPlane's, TensorFlow's),
+    # and a fork taken while one of them holds a lock (prometheus_client's included) hangs the child.
+    context = multiprocessing.get_context("spawn")
     done = context.Event()
     workers = []
     for requests, queued in ((2, 3), (5, 4)):
