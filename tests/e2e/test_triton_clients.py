@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from foreign_models import tf2_module
-from server_harness import jpeg, run_server, tiny_model_base
+from server_harness import in_process_core, jpeg, run_server, tiny_model_base
 from tls_certs import make_pki
 
 TOKEN = "predict-token-0123456789abcdef"
@@ -355,15 +355,10 @@ def test_statistics_of_every_model_and_the_errors(server, pki, http_client):
 
 def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signatures(tmp_path):
     """Triton's form for a model it does not batch: max_batch_size 0, no dynamic_batching, dims the whole shape."""
-    from serving.config import DataPlaneOptions
-    from serving.core import DataPlane
     from serving.protocols.app import create_app
 
     tf2_module(str(tmp_path / "half"))
-    core = DataPlane.create(DataPlaneOptions(model_base_path=str(tmp_path / "half"), model_name="half",
-                                             file_system_poll_wait_seconds=0, enable_batching=False))
-    try:
-        core.wait_loaded()
+    with in_process_core(model_base_path=str(tmp_path / "half"), model_name="half", enable_batching=False) as core:
         client = create_app(core).test_client()
         config = client.get("/v2/models/half/config").get_json()
         assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
@@ -376,5 +371,3 @@ def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signature
         (entry,) = client.get("/v2/models/half/stats").get_json()["model_stats"]
         assert entry["inference_count"] == 1 and entry["execution_count"] == 1  # an unbatched model's one inference
         assert entry["inference_stats"]["success"]["count"] == 1 and entry["batch_stats"][0]["batch_size"] == 1
-    finally:
-        core.close()

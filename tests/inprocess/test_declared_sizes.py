@@ -12,7 +12,7 @@ import tracemalloc
 
 import pytest
 
-from server_harness import in_process_core, jpeg, tiny_model_base
+from server_harness import jpeg, tiny_model_base
 from serving.protocols.app import create_app
 
 INFER = "/v2/models/flowers/infer"
@@ -21,12 +21,11 @@ JPEG = jpeg()
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def client(dataplane, tmp_path_factory):
     config = tmp_path_factory.mktemp("sizes") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" } }')
-    with in_process_core(model_config_file=str(config)) as core:
-        yield create_app(core).test_client()
+    return create_app(dataplane(model_config_file=str(config))).test_client()
 
 
 def binary(spec: dict, tail: bytes) -> dict:

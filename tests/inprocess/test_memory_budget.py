@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from server_harness import b64, in_process_core, jpeg, tiny_model_base
+from server_harness import b64, jpeg, tiny_model_base
 from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, parse_args, resolve_memory_budget
 from serving.core import Code, ServingError
 from serving.core.budget import MemoryBudget
@@ -86,10 +86,9 @@ def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
 # --- over HTTP ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def core():
-    with in_process_core(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET,
-                         max_inflight_pixels=PIXELS, max_image_pixels=PIXELS) as core:
-        yield core
+def core(dataplane):
+    return dataplane(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS,
+                     max_image_pixels=PIXELS)
 
 
 @pytest.fixture(scope="module")

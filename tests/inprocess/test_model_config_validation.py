@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from server_harness import in_process_core, tiny_model_base
+from server_harness import tiny_model_base
 from serving.config import check_model_config, parse_args, read_model_config
 from serving.core import Code, ServingError
 from serving.protocols.grpc_api import ModelService
@@ -44,9 +44,8 @@ class AbortingContext:
 
 
 @pytest.fixture(scope="module")
-def core():
-    with in_process_core(model_base_path=tiny_model_base(), model_name="flowers") as core:
-        yield core
+def core(dataplane):
+    return dataplane(model_base_path=tiny_model_base(), model_name="flowers")
 
 
 def reload(core, request_config: model_server_config_pb2.ModelServerConfig):
@@ -115,7 +114,7 @@ def test_the_dataplane_refuses_a_bad_config_as_invalid_argument(core):
 
 # --- the watcher ----------------------------------------------------------------------------------------------
 
-def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_path, caplog):
+def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(dataplane, tmp_path, caplog):
     """A worker re-reading --model_config_file: the file now names a PyTorch model, so the watch logs why and the
     models served stay as they were."""
     path = tmp_path / "models.config"
@@ -123,8 +122,8 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_pa
 
     def warned() -> bool:
         return any(BAD_PLATFORM in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
-    with in_process_core(model_base_path=tiny_model_base(), model_name="flowers") as watched, \
-            caplog.at_level(logging.WARNING, logger="serving.worker"):
+    watched = dataplane(model_base_path=tiny_model_base(), model_name="flowers")  # its own: the test drains it
+    with caplog.at_level(logging.WARNING, logger="serving.worker"):
         watch = threading.Thread(target=_watch_config, args=(watched, str(path), 0.05, b""), daemon=True)
         watch.start()
         try:
