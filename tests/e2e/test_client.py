@@ -189,8 +189,3 @@ def _outcome(client: Client, images: list[bytes]):
         return client.predict(images, top_k=1)[0]
     except ServerError as error:
         return error
-
-
-def test_top_k_must_be_positive():
-    with Client("127.0.0.1:1") as client, pytest.raises(ValueError):
-        client.predict([b"x"], top_k=0)

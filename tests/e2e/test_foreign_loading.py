@@ -1,10 +1,10 @@
 """SavedModels that Petal did not write, served as TF Serving serves them: versions found in zero-padded folders, a
 TF1 graph in a Session (its asset and main op included), a tf.Module and a Keras export through their functions,
 and a model.tflite through the TFLite interpreter with --prefer_tflite_model. Real `petal serve`, real REST and
-gRPC with TF Serving's own stubs, models built by tests/foreign_models.py at test time."""
+gRPC with TF Serving's own stubs, models built by tests/foreign_models.py at test time. Version discovery on its own is
+tests/unit/test_version_folders.py, and the Servables loaded in process tests/inprocess/test_foreign_servables.py."""
 from __future__ import annotations
 
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,44 +25,8 @@ from exported_models import model_format
 from exported_models.model_format import WarmupRequest
 from server_harness import copy_model, jpeg, run_server, tiny_model_base
 from serving.client import cli as predict_cli
-from serving.core.loaders import LoadOptions
-from serving.core.servable import Servable
 
 TIMEOUT = 60
-
-
-def touch_version(base, name: str) -> None:
-    os.makedirs(base / name)
-    (base / name / model_format.SAVED_MODEL_FILE).write_bytes(b"")
-
-
-# --- version discovery (no server) ---------------------------------------------------------------------------
-
-def test_padded_and_plain_folders_are_versions_at_the_path_found(tmp_path):
-    for name in ("00000123", "7", "0", "12a", "-3", "+4", "٣", ".tmp-9-abc"):
-        touch_version(tmp_path, name)
-    os.makedirs(tmp_path / "99")  # no saved_model.pb yet: still being copied
-    (tmp_path / "55").mkdir()
-    (tmp_path / "55" / model_format.TFLITE_FILE).write_bytes(b"")  # a TFLite-only version, as TF Serving ships
-    found = model_format.version_dirs(str(tmp_path))
-    assert found == {0: f"{tmp_path}/0", 7: f"{tmp_path}/7", 55: f"{tmp_path}/55", 123: f"{tmp_path}/00000123"}
-    assert model_format.exported_versions(str(tmp_path)) == [0, 7, 55, 123]
-    assert model_format.version_path(str(tmp_path), 123) == f"{tmp_path}/00000123"
-    assert model_format.version_path(str(tmp_path), 124) == f"{tmp_path}/124"  # where an exporter writes it
-    assert model_format.latest_version(str(tmp_path)) == f"{tmp_path}/00000123"
-    assert model_format.next_version(str(tmp_path)) == 124
-
-
-def test_colliding_folders_pick_the_name_sorting_last_and_say_so(tmp_path, caplog):
-    for name in ("007", "7", "0007", "00000008"):
-        touch_version(tmp_path, name)
-    with caplog.at_level(logging.WARNING, logger="exported_models.model_format"):
-        assert model_format.version_dirs(str(tmp_path)) == {7: f"{tmp_path}/7", 8: f"{tmp_path}/00000008"}
-        model_format.version_dirs(str(tmp_path))  # the source polls every second: the warning is not repeated
-    warnings = [r for r in caplog.records if r.getMessage() == "duplicate version folders"]
-    assert [(r.fields["version"], r.fields["loaded_from"], r.fields["ignored"]) for r in warnings] == [
-        (7, "7", ["0007", "007"])]
-    assert model_format.latest_version(str(tmp_path)) == f"{tmp_path}/00000008"
 
 
 def test_petal_predict_reads_a_padded_version_folder(tmp_path, capsys):
@@ -75,37 +39,6 @@ def test_petal_predict_reads_a_padded_version_folder(tmp_path, capsys):
     from_padded = capsys.readouterr().out
     assert predict_cli.main([str(image), "--model_base_path", tiny_model_base(), "--format", "json"]) == 0
     assert from_padded == capsys.readouterr().out and '"predictions"' in from_padded
-
-
-def test_saved_model_tags_are_comma_separated_and_must_match_a_meta_graph(tmp_path):
-    assert LoadOptions.from_flags("serve, gpu,,", False).tags == {"serve", "gpu"}
-    assert LoadOptions.from_flags("", True) == LoadOptions(frozenset({"serve"}), True)
-    version = f"{foreign_models.tf1_half_plus_two(str(tmp_path), ('1',))}/1"
-    refused = r"no meta graph with tags \['gpu', 'serve'\]; the SavedModel has \[\['serve'\]\]"
-    with pytest.raises(ValueError, match=refused):
-        Servable("m", 1, version, LoadOptions.from_flags("serve,gpu", False))
-    servable = Servable("m", 1, version, LoadOptions.from_flags("serve", False))
-    assert (servable.format, servable.static_shapes) == ("saved_model_session", False)
-    x = np.array([1.0, 2.0], np.float32)
-    assert servable.run("predict_x_to_y2", {"x": x}, ["y"])["y"].tolist() == [3.5, 4.0]
-
-
-def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_path):
-    from tensorflow.lite.tools import flatbuffer_utils
-
-    version = foreign_models.tf2_module(str(tmp_path))
-    model = flatbuffer_utils.read_model(foreign_models.tflite_beside(version))
-    model.signatureDefs = []  # as older converters wrote them
-    flatbuffer_utils.write_model(model, f"{version}/{model_format.TFLITE_FILE}")
-    servable = Servable("m", 1, version, LoadOptions(prefer_tflite=True))
-    assert list(servable.signatures) == ["serving_default"] and servable.format == "tflite"
-    info = servable.signatures["serving_default"]
-    assert list(info.inputs) == ["serving_default_x"]  # the key without ":0", the tensor name with it
-    assert info.inputs["serving_default_x"].name == "serving_default_x:0"
-    (output,) = info.outputs
-    for x in ([1.0, 2.0, 5.0], [4.0]):
-        got = servable.run("serving_default", {"serving_default_x": np.array(x, np.float32)})
-        assert got[output].tolist() == [0.5 * v + 2 for v in x]
 
 
 # --- served ---------------------------------------------------------------------------------------------------

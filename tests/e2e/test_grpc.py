@@ -29,8 +29,6 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
-from serving.config import bind_address
-from serving.protocols.grpc_api import parse_channel_arguments
 from training.synth import CLASSES, render
 
 # A lone request waits this long for company in the batch queue: the artificial delay the deadline test needs.
@@ -294,20 +292,6 @@ def wait_until(check, timeout: float = 30.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.2)
-
-
-def test_channel_arguments_parse():
-    assert parse_channel_arguments("grpc.max_connection_age_ms=2000, grpc.primary_user_agent=petal") == [
-        ("grpc.max_connection_age_ms", 2000), ("grpc.primary_user_agent", "petal")]
-    assert parse_channel_arguments("") == []
-    with pytest.raises(ValueError):
-        parse_channel_arguments("no_equals_sign")
-
-
-def test_bind_address_brackets_ipv6_literals():
-    assert bind_address("127.0.0.1", 8500) == "127.0.0.1:8500"
-    assert bind_address("::", 8500) == "[::]:8500"
-    assert bind_address("[::1]", 8501) == "[::1]:8501"
 
 
 def model_status(target: str) -> get_model_status_pb2.GetModelStatusResponse:

@@ -1,0 +1,76 @@
+"""tf.Example requests in process, without a server: Classify, Regress and MultiInference warmup records replayed
+on the TF1 model of tests/foreign_models.py, and serialized examples that count no pixels. The request builders
+here serve tests/e2e/test_classify_regress.py too."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.example import example_pb2
+from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, prediction_log_pb2, regression_pb2
+
+from exported_models.model_format import WARMUP_FILE
+from foreign_models import example, tf1_half_plus_two
+from serving.core import ServingError
+from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, serialized_examples
+from serving.core.images import check_pixels
+from serving.core.servable import Servable
+from serving.metrics import Metrics
+
+
+def examples_input(*examples: example_pb2.Example, context: example_pb2.Example | None = None) -> input_pb2.Input:
+    if context is None:
+        return input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples))
+    return input_pb2.Input(example_list_with_context=input_pb2.ExampleListWithContext(
+        examples=examples, context=context))
+
+
+def multi_request(*tasks: tuple[str, str, str]) -> inference_pb2.MultiInferenceRequest:
+    request = inference_pb2.MultiInferenceRequest(input=examples_input(example(x=1.0), example(x=2.0)))
+    for model, method, signature_name in tasks:
+        task = request.tasks.add(method_name=method)
+        task.model_spec.name = model
+        task.model_spec.signature_name = signature_name
+    return request
+
+
+def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> None:
+    os.makedirs(f"{version_dir}/assets.extra", exist_ok=True)
+    with tf.io.TFRecordWriter(f"{version_dir}/{WARMUP_FILE}") as writer:
+        for log in logs:
+            writer.write(log.SerializeToString())
+
+
+def warmup_logs(regress_signature: str) -> list[prediction_log_pb2.PredictionLog]:
+    examples = examples_input(example(x=1.0), example(x=2.0))
+    classify = classification_pb2.ClassificationRequest(input=examples)
+    classify.model_spec.signature_name = "classify_x_to_classes"
+    regress = regression_pb2.RegressionRequest(input=examples)
+    regress.model_spec.signature_name = regress_signature
+    multi = multi_request(("m", REGRESS_METHOD, "regress_x_to_y"), ("m", CLASSIFY_METHOD, "classify_x_to_y"))
+    return [prediction_log_pb2.PredictionLog(classify_log=prediction_log_pb2.ClassifyLog(request=classify)),
+            prediction_log_pb2.PredictionLog(regress_log=prediction_log_pb2.RegressLog(request=regress)),
+            prediction_log_pb2.PredictionLog(
+                multi_inference_log=prediction_log_pb2.MultiInferenceLog(request=multi))]
+
+
+def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_path):
+    version_dir = os.path.join(tf1_half_plus_two(str(tmp_path / "m"), versions=("1",)), "1")
+    write_warmup(version_dir, warmup_logs("regress_x_to_y2"))
+    metrics = Metrics()
+    assert Servable("m", 1, version_dir).warmup(metrics) == 3
+    write_warmup(version_dir, warmup_logs("classify_x_to_classes"))  # two outputs: no regression signature
+    with pytest.raises(ServingError, match=r"^Expected one output Tensor\.$"):
+        Servable("m", 1, version_dir).warmup(metrics)
+    write_warmup(version_dir, [prediction_log_pb2.PredictionLog(session_run_log=prediction_log_pb2.SessionRunLog())])
+    with pytest.raises(ValueError, match=r"^Unsupported log_type for warmup: session_run_log$"):
+        Servable("m", 1, version_dir).warmup(metrics)
+
+
+def test_serialized_examples_and_text_count_no_pixels():
+    """The pixel budget is for images: tf.Examples and text that merely start like a BMP count 0."""
+    values = np.concatenate([serialized_examples(examples_input(example(x=1.0), example(image=b"\x89PNG"))),
+                             np.array([b"BMW and other text, long enough", b"RIFF....WEBP but no image"], object)])
+    assert check_pixels(values, 1).tolist() == [0, 0, 0, 0]

@@ -1,0 +1,43 @@
+"""SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py builds them): a TF1
+graph's meta graph chosen by its tags, and a model.tflite without signatures given TF Serving's generated one. The
+same models served by `petal serve` are tests/e2e/test_foreign_loading.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import foreign_models
+from exported_models import model_format
+from serving.core.loaders import LoadOptions
+from serving.core.servable import Servable
+
+
+def test_saved_model_tags_are_comma_separated_and_must_match_a_meta_graph(tmp_path):
+    assert LoadOptions.from_flags("serve, gpu,,", False).tags == {"serve", "gpu"}
+    assert LoadOptions.from_flags("", True) == LoadOptions(frozenset({"serve"}), True)
+    version = f"{foreign_models.tf1_half_plus_two(str(tmp_path), ('1',))}/1"
+    refused = r"no meta graph with tags \['gpu', 'serve'\]; the SavedModel has \[\['serve'\]\]"
+    with pytest.raises(ValueError, match=refused):
+        Servable("m", 1, version, LoadOptions.from_flags("serve,gpu", False))
+    servable = Servable("m", 1, version, LoadOptions.from_flags("serve", False))
+    assert (servable.format, servable.static_shapes) == ("saved_model_session", False)
+    x = np.array([1.0, 2.0], np.float32)
+    assert servable.run("predict_x_to_y2", {"x": x}, ["y"])["y"].tolist() == [3.5, 4.0]
+
+
+def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_path):
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    version = foreign_models.tf2_module(str(tmp_path))
+    model = flatbuffer_utils.read_model(foreign_models.tflite_beside(version))
+    model.signatureDefs = []  # as older converters wrote them
+    flatbuffer_utils.write_model(model, f"{version}/{model_format.TFLITE_FILE}")
+    servable = Servable("m", 1, version, LoadOptions(prefer_tflite=True))
+    assert list(servable.signatures) == ["serving_default"] and servable.format == "tflite"
+    info = servable.signatures["serving_default"]
+    assert list(info.inputs) == ["serving_default_x"]  # the key without ":0", the tensor name with it
+    assert info.inputs["serving_default_x"].name == "serving_default_x:0"
+    (output,) = info.outputs
+    for x in ([1.0, 2.0, 5.0], [4.0]):
+        got = servable.run("serving_default", {"serving_default_x": np.array(x, np.float32)})
+        assert got[output].tolist() == [0.5 * v + 2 for v in x]

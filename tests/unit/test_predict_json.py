@@ -1,0 +1,59 @@
+"""REST Predict's JSON as TF Serving writes and reads it, without a model: float32 written shortest with NaN and
+Infinity, every dtype in row and columnar form, the batch check of rows, and JSON values that must fit the input's
+dtype (the same on a real server is tests/e2e/test_predict_formats.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving.core import ServingError, TensorInfo
+from serving.core.dataplane import coerce
+from serving.protocols.httputil import dumps
+from serving.protocols.rest import predict_response
+
+
+def test_float32_is_written_shortest_with_nan_and_infinity_as_tf_serving_writes_them():
+    outputs = {"y": np.array([0.1, 2.05, np.nan, np.inf, -np.inf, 3.0], np.float32)}
+    assert dumps(predict_response(outputs, row_format=True)) == (
+        '{"predictions":[0.1,2.05,NaN,Infinity,-Infinity,3.0]}')
+    assert dumps(predict_response({"h": np.array([[0.1]], np.float16)}, row_format=False)) == '{"outputs":[[0.1]]}'
+
+
+def test_rows_need_every_output_batched_alike():
+    with pytest.raises(ServingError, match=r"^Tensor name: b has inconsistent batch size: 1 expecting: 2$"):
+        predict_response({"a": np.zeros(2), "b": np.zeros(1)}, row_format=True)
+    with pytest.raises(ServingError, match=r"^Tensor name: a has no shape information $"):
+        predict_response({"a": np.float32(1.0)}, row_format=True)
+    assert predict_response({"a": np.float32(1.0)}, row_format=False) == {"outputs": 1.0}
+
+
+def test_every_json_dtype_in_rows_and_columns():
+    outputs = {"flag": np.array([True, False]), "small": np.array([1, 255], np.uint8),
+               "big": np.array([-(1 << 62), 1 << 62], np.int64), "double": np.array([0.1, 1e300]),
+               "text": np.array([b"a", "é".encode()], dtype=object)}
+    assert predict_response(outputs, row_format=False) == {"outputs": {
+        "flag": [True, False], "small": [1, 255], "big": [-(1 << 62), 1 << 62], "double": [0.1, 1e300],
+        "text": ["a", "é"]}}
+    assert predict_response(outputs, row_format=True)["predictions"][1] == {
+        "flag": False, "small": 255, "big": 1 << 62, "double": 1e300, "text": "é"}
+
+
+@pytest.mark.parametrize("dtype, value, message", [
+    ("DT_BOOL", [1], "Input 'v' expects DT_BOOL: got int64 values"),
+    ("DT_INT32", [2.0], "Input 'v' expects DT_INT32: got float64 values"),
+    ("DT_UINT8", [256], "Input 'v' expects DT_UINT8: values out of range of uint8"),
+    ("DT_INT8", [-129], "Input 'v' expects DT_INT8: values out of range of int8"),
+    ("DT_FLOAT", [False], "Input 'v' expects DT_FLOAT: got bool values"),
+], ids=["int for bool", "float for int32", "past uint8", "below int8", "bool for float"])
+def test_json_values_must_fit_the_dtype_as_in_tf_serving(dtype, value, message):
+    with pytest.raises(ServingError) as error:
+        coerce("v", value, TensorInfo("v", dtype, [-1]))
+    assert error.value.message == message
+
+
+def test_values_that_fit_are_converted():
+    assert coerce("v", [True], TensorInfo("v", "DT_BOOL", [-1])).dtype == np.bool_
+    assert coerce("v", [1, 2], TensorInfo("v", "DT_FLOAT", [-1])).tolist() == [1.0, 2.0]
+    assert coerce("v", [255], TensorInfo("v", "DT_UINT8", [-1])).dtype == np.uint8
+    assert coerce("v", [], TensorInfo("v", "DT_INT32", [-1])).shape == (0,)
+    assert coerce("v", [[1.0]], TensorInfo("v", "DT_FLOAT", [-1]), static_shapes=False).shape == (1, 1)
