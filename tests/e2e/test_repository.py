@@ -1,4 +1,5 @@
-"""The model repository in-process on real SavedModels: policies, labels, failures, retries, warmup, unloading."""
+"""The model repository in-process on real SavedModels: policies, labels, failures, retries, warmup, unloading (the
+labels file and the version policies on their own are tests/unit/test_labels_and_version_policy.py)."""
 import gc
 import logging
 import os
@@ -11,11 +12,11 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from exported_models.model_format import exported_versions, latest_version, read_labels
+from exported_models.model_format import exported_versions, latest_version
 from server_harness import copy_model, tiny_model_base
 from serving.core import heap
 from serving.core.errors import ServingError
-from serving.core.repository import Repository, aspired_versions
+from serving.core.repository import Repository
 from serving.metrics import Metrics
 
 
@@ -40,31 +41,6 @@ def test_discovery_ignores_non_integer_and_incomplete_versions(tmp_path):
     assert exported_versions(os.path.join(base, "missing")) == []
     with pytest.raises(FileNotFoundError, match="no SavedModel"):
         latest_version(os.path.join(base, "7"))
-
-
-def test_read_labels_skips_blank_lines_and_rejects_bad_files(tmp_path):
-    path = tmp_path / "labels.txt"
-    path.write_text("daisy\n\n roses \r\ntulips")
-    assert read_labels(str(path)) == ["daisy", "roses", "tulips"]
-    path.write_text("daisy\nroses\ndaisy\n")
-    with pytest.raises(ValueError, match="twice"):
-        read_labels(str(path))
-    path.write_text("\n")
-    with pytest.raises(ValueError, match="no labels"):
-        read_labels(str(path))
-    with pytest.raises(FileNotFoundError):
-        read_labels(str(tmp_path / "missing.txt"))
-
-
-def test_policies():
-    policy = model_server_config_pb2.ModelConfig().model_version_policy
-    assert aspired_versions(policy, [1, 2, 3]) == {3}
-    policy.latest.num_versions = 2
-    assert aspired_versions(policy, [1, 2, 3]) == {2, 3}
-    policy.specific.versions.extend([1, 5])
-    assert aspired_versions(policy, [1, 2, 3]) == {1}
-    policy.all.SetInParent()
-    assert aspired_versions(policy, [1, 2, 3]) == {1, 2, 3}
 
 
 def test_latest_version_serves_and_warmup_replays(tmp_path):
