@@ -17,6 +17,8 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.example import example_pb2
+from tensorflow_serving.apis import inference_pb2, input_pb2
 
 CLASS_NAMES = ("negative", "positive")  # the TF1 model's asset: the class of y < 3 and y >= 3
 
@@ -151,3 +153,19 @@ def example(**features: float | list[float] | bytes) -> tf.train.Example:
             values = value if isinstance(value, list) else [value]
             feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
     return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def examples_input(*examples: example_pb2.Example, context: example_pb2.Example | None = None) -> input_pb2.Input:
+    if context is None:
+        return input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples))
+    return input_pb2.Input(example_list_with_context=input_pb2.ExampleListWithContext(
+        examples=examples, context=context))
+
+
+def multi_request(*tasks: tuple[str, str, str]) -> inference_pb2.MultiInferenceRequest:
+    request = inference_pb2.MultiInferenceRequest(input=examples_input(example(x=1.0), example(x=2.0)))
+    for model, method, signature_name in tasks:
+        task = request.tasks.add(method_name=method)
+        task.model_spec.name = model
+        task.model_spec.signature_name = signature_name
+    return request

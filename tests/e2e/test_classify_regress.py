@@ -15,8 +15,7 @@ import pytest
 import requests
 from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc, regression_pb2
 
-from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
-from inprocess.test_example_requests import examples_input, multi_request
+from foreign_models import CLASS_NAMES, example, examples_input, multi_request, tf1_half_plus_two, tf2_module
 from server_harness import run_server
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD
 

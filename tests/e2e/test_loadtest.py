@@ -14,7 +14,6 @@ from PIL import Image
 
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
 from load_tests.runner import free_port, make_corpus, parse_sizes, running_server
-from unit.test_loadtest_sweep import SMALL_SIZES
 
 
 def petal_loadtest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -57,7 +56,7 @@ def server(model_base, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"), parse_sizes(SMALL_SIZES))
+    return make_corpus(tmp_path_factory.mktemp("corpus"), parse_sizes("64x48,320x240"))
 
 
 def test_smoke_run_starts_the_server_and_meets_the_shipped_slo(model_base, tmp_path):

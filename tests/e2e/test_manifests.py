@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from unit.test_manifest_files import kubernetes_objects, pod_container, read_dockerfile
+from deploy_files import kubernetes_objects, pod_container, read_dockerfile
 
 # --- the real server -------------------------------------------------------------------------------------------
 

@@ -1,6 +1,5 @@
 """tf.Example requests in process, without a server: Classify, Regress and MultiInference warmup records replayed
-on the TF1 model of tests/foreign_models.py, and serialized examples that count no pixels. The request builders
-here serve tests/e2e/test_classify_regress.py too."""
+on the TF1 model of tests/foreign_models.py, and serialized examples that count no pixels."""
 from __future__ import annotations
 
 import os
@@ -8,32 +7,15 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.example import example_pb2
-from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, prediction_log_pb2, regression_pb2
+from tensorflow_serving.apis import classification_pb2, prediction_log_pb2, regression_pb2
 
 from exported_models.model_format import WARMUP_FILE
-from foreign_models import example, tf1_half_plus_two
+from foreign_models import example, examples_input, multi_request, tf1_half_plus_two
 from serving.core import ServingError
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, serialized_examples
 from serving.core.images import check_pixels
 from serving.core.servable import Servable
 from serving.metrics import Metrics
-
-
-def examples_input(*examples: example_pb2.Example, context: example_pb2.Example | None = None) -> input_pb2.Input:
-    if context is None:
-        return input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples))
-    return input_pb2.Input(example_list_with_context=input_pb2.ExampleListWithContext(
-        examples=examples, context=context))
-
-
-def multi_request(*tasks: tuple[str, str, str]) -> inference_pb2.MultiInferenceRequest:
-    request = inference_pb2.MultiInferenceRequest(input=examples_input(example(x=1.0), example(x=2.0)))
-    for model, method, signature_name in tasks:
-        task = request.tasks.add(method_name=method)
-        task.model_spec.name = model
-        task.model_spec.signature_name = signature_name
-    return request
 
 
 def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> None:
