@@ -37,7 +37,6 @@ from load_tests.slo import (
     read_locust_stats,
 )
 from serving import launcher
-from serving.launcher import free_port as free_port  # re-exported: the tests take a port nothing listens on here
 
 log = logging.getLogger(__name__)
 

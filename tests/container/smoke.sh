@@ -122,7 +122,8 @@ build_image() {
     log "built $IMAGE: $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
 }
 
-free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Distinct free loopback ports, all chosen while each is still bound (serving/launcher.py).
+free_ports() { "$PYTHON" -c "from serving.launcher import free_ports; print(*free_ports($1))"; }
 
 # The server: the topmost process under buildah's runner running `petal serve` (buildah's own helper processes
 # carry the entrypoint's text in their arguments too, so match on the program and subcommand).
@@ -170,8 +171,7 @@ main() {
     log "image config: non-root, ports 8500/8501, MODEL_NAME, HEALTHCHECK on /readyz, exec entrypoint"
 
     local rest grpc
-    rest=$(free_port)
-    grpc=$(free_port)
+    read -r rest grpc < <(free_ports 2)
     CONTAINER=$(buildah from --pull=never "$IMAGE")
     log "running the entrypoint with extra flags --rest_api_port=$rest --port=$grpc"
     buildah run --isolation chroot "$CONTAINER" -- "${entrypoint[@]}" \

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ import pyspark
 import pytest
 from test_batch_prediction_beam import _jsonl, _tfrecord, assert_nothing_lost, read_output
 
-from server_harness import ROOT, tiny_model_base
+from server_harness import ROOT, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
 from serving.batch_prediction import spark_job
 from training import synth
@@ -35,12 +34,6 @@ GOOD = 30
 CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
            "notes.jpg": "Unknown image file format"}
 CLUSTER_START_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spark_env() -> dict[str, str]:
@@ -69,7 +62,7 @@ def _stop(process: subprocess.Popen) -> None:
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     """A standalone master and one 1-core worker, up once the master lists the worker as ALIVE."""
     folder = tmp_path_factory.mktemp("spark-cluster")
-    port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    port, master_ui, worker_ui = free_ports(3)
     env = {**spark_env(), "SPARK_LOG_DIR": str(folder), "SPARK_WORKER_DIR": str(folder / "work")}
     processes = []
     deadline = time.monotonic() + CLUSTER_START_S
