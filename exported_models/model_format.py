@@ -163,6 +163,11 @@ def version_labels(version_dir: str) -> list[str]:
 
 # --- signatures -----------------------------------------------------------------------------------------------
 
+def dtype_name(dtype) -> str:
+    """TF's name of a dtype (DT_DOUBLE for float64), the one SignatureDefs and TF Serving's messages use."""
+    return types_pb2.DataType.Name(tf.as_dtype(dtype).as_datatype_enum)
+
+
 def _tensor_info(proto) -> TensorInfo:
     shape = None if proto.tensor_shape.unknown_rank else [int(d.size) for d in proto.tensor_shape.dim]
     return TensorInfo(name=proto.name, dtype=types_pb2.DataType.Name(proto.dtype), shape=shape)

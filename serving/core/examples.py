@@ -17,12 +17,10 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import input_pb2
 
-from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
+from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, dtype_name
 from serving.core.errors import Code, ServingError, invalid
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -194,7 +192,7 @@ def _shape(array: np.ndarray) -> str:
 
 def _dtype_name(array: np.ndarray) -> str:
     """TF's name of an output's dtype (DT_DOUBLE, not float64), as TF Serving's messages print it."""
-    return "DT_STRING" if array.dtype == object else types_pb2.DataType.Name(tf.as_dtype(array.dtype).as_datatype_enum)
+    return "DT_STRING" if array.dtype == object else dtype_name(array.dtype)
 
 
 def _matrix(array: np.ndarray, what: str, kind: str, rows: int) -> None:

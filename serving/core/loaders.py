@@ -12,8 +12,10 @@ TensorFlow's errors keep their code: bad input is never INTERNAL.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,6 +69,18 @@ def load(path: str, options: LoadOptions) -> Loaded:
     return SessionModel(path, options.tags)
 
 
+@contextlib.contextmanager
+def _tf_errors() -> Iterator[None]:
+    """A model call's TensorFlow errors as TF Serving answers them: a failed op by its status, a refused feed (wrong
+    dtype, shape or structure) as INVALID_ARGUMENT with the first line of TensorFlow's text."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        raise status_error(error) from None
+    except (TypeError, ValueError) as error:
+        raise invalid(str(error).splitlines()[0]) from None
+
+
 class FunctionModel:
     """A TF2 SavedModel's signatures as the concrete functions `tf.saved_model.load` restores."""
     format = "saved_model_tf2"
@@ -79,12 +93,8 @@ class FunctionModel:
         self._fns = {key: self._loaded.signatures[key] for key in self.signatures}
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
-        try:
+        with _tf_errors():
             outputs = self._fns[key](**{k: tf.constant(v) for k, v in inputs.items()})
-        except tf.errors.OpError as error:
-            raise status_error(error) from None
-        except (TypeError, ValueError) as error:
-            raise invalid(str(error).splitlines()[0]) from None
         return {k: outputs[k].numpy() for k in output_names}
 
 
@@ -112,12 +122,8 @@ class SessionModel:
         missing = sorted(set(feeds) - set(inputs))
         if missing:
             raise invalid(f"Signature {key!r} needs the inputs {missing}")
-        try:  # a signature of sparse or ragged tensors has no tensor names to run by: refused like bad input
+        with _tf_errors():  # a signature of sparse or ragged tensors has no tensor names to run by: bad input too
             values = self._callable(key, tuple(output_names))(*(inputs[name] for name in feeds))
-        except tf.errors.OpError as error:
-            raise status_error(error) from None
-        except (TypeError, ValueError) as error:
-            raise invalid(str(error).splitlines()[0]) from None
         return dict(zip(output_names, values, strict=True))
 
     def _callable(self, key: str, output_names: tuple[str, ...]):

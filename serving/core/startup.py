@@ -47,6 +47,8 @@ class Startup:
     def wait(self, deadline: float | None = None) -> bool:
         """Block (a greenlet on the gevent loop yields, never the loop itself) until the gate opens or the deadline
         (time.monotonic() seconds) passes; whether it opened."""
+        if self.done:  # once open it stays open: every later request passes without the lock
+            return True
         with self._lock:
             if self.done:
                 return True

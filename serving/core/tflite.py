@@ -13,9 +13,8 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import types_pb2
 
-from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
+from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo, dtype_name
 from serving.core.errors import invalid
 
 PREDICT_METHOD = "tensorflow/serving/predict"
@@ -23,8 +22,7 @@ PREDICT_METHOD = "tensorflow/serving/predict"
 
 def _tensor_info(details: dict) -> TensorInfo:
     shape = details.get("shape_signature", details["shape"])
-    dtype = types_pb2.DataType.Name(tf.as_dtype(details["dtype"]).as_datatype_enum)
-    return TensorInfo(name=details["name"], dtype=dtype, shape=[int(d) for d in shape])
+    return TensorInfo(name=details["name"], dtype=dtype_name(details["dtype"]), shape=[int(d) for d in shape])
 
 
 def _legacy_name(tensor_name: str) -> str:

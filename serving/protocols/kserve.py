@@ -82,7 +82,7 @@ def decode_raw(raw: bytes, name: str, datatype: str, shape: list[int], count: in
     dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
-    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype])
+    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype], copy=False)  # a view on little-endian
 
 
 def flatten(data: Any) -> list[Any]:
@@ -169,7 +169,7 @@ def json_data(array: np.ndarray) -> tuple[list[Any], dict[str, Any]]:
 
 def binary_data(array: np.ndarray) -> bytes:
     if datatype_of(array) != "BYTES":
-        return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()  # tobytes writes C order
     items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
     return b"".join(struct.pack("<I", len(v)) + v for v in items)
 
