@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 
 from server_harness import jpeg, run_server, tiny_model_base
 from serving.config import DEFAULT_METRICS_PATH
-from serving.protocols import openapi
+from serving.protocols.rest import openapi
 
 MAX_EXAMPLES = 30
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,

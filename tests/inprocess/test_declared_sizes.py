@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from server_harness import jpeg, tiny_model_base
-from serving.protocols.app import create_app
+from serving.protocols.rest.app import create_app
 
 INFER = "/v2/models/flowers/infer"
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -22,7 +22,7 @@ from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
 from serving.metrics import Metrics
 from serving.model_server_flags import UNIMPLEMENTED
-from serving.protocols import unix_socket
+from serving.protocols.grpc_api import unix_socket
 
 # Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
 # value of its type that Petal can honour.
