@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -40,6 +39,10 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")  # so that one substring search finds a long number
 _LONG_NUMBER = b"0" * (MAX_NUMBER_DIGITS + 1)
 _DEPTH_CHUNK = 1 << 20  # brackets summed at a time, so the running depths never take much memory
+# Strings are cut one by one (bytes.find is memchr, bytes.split a byte loop) from a document of SHORT_DOCUMENT bytes
+# or more, up to _FEW_STRINGS of them; a shorter document, or one with more strings, is split at once.
+_SHORT_DOCUMENT = 4096
+_FEW_STRINGS = 32
 _BYTE_OFFSET = re.compile(r"\(byte (\d+)\)$")
 # A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
 _LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|"
@@ -51,8 +54,7 @@ def no_charge(nbytes: int) -> None:
     """The charge of a caller that holds no memory budget: the batch job, which sizes its own records."""
 
 
-@dataclass(frozen=True)
-class Document:
+class Document(NamedTuple):
     """A scanned JSON document: its UTF-8 bytes, and the keys and objects it holds, counted outside strings."""
     data: bytes
     keys: int
@@ -80,9 +82,9 @@ def scan(data: bytes, charge: Charge) -> Document:
     """Check what msgspec does not (an empty document, nesting, long numbers), charge the values, count the keys.
 
     The document is transcoded to UTF-8 first when it is UTF-16 or UTF-32 or starts with a byte-order mark, as
-    RFC 8259 lets a reader accept. Its strings are cut out with bytes.split at memchr speed: without a backslash
-    every quote opens or closes a string; with some, escaped backslashes and then escaped quotes are blanked first
-    (a backslash outside a string is malformed JSON, which msgspec then refuses). For a document msgspec parses,
+    RFC 8259 lets a reader accept. Its strings are cut out (`_without_strings`): without a backslash every quote
+    opens or closes a string; with some, escaped backslashes and then escaped quotes are blanked first (a backslash
+    outside a string is malformed JSON, which msgspec then refuses). For a document msgspec parses,
     the cut is exact; for any other the checks may see garbage, and the document is refused either way."""
     if not data or data.isspace():
         raise invalid("JSON Parse error: The document is empty")
@@ -93,7 +95,7 @@ def scan(data: bytes, charge: Charge) -> Document:
         except UnicodeError as error:
             raise invalid(f"JSON Parse error: {error}") from None
     plain = data.replace(b"\\\\", b"  ").replace(b'\\"', b"  ") if b"\\" in data else data
-    unquoted = b'""'.join(plain.split(b'"')[::2])
+    unquoted = _without_strings(plain)
     # Nesting needs at least as many brackets as levels; a predict body has a few, so counting them usually spares
     # the exact depth scan.
     if unquoted.count(b"[") + unquoted.count(b"{") > MAX_JSON_DEPTH and bracket_depth(unquoted) > MAX_JSON_DEPTH:
@@ -102,6 +104,23 @@ def scan(data: bytes, charge: Charge) -> Document:
     if _LONG_NUMBER in unquoted.translate(_DIGITS_AS_ZERO):
         raise invalid(f"JSON Parse error: a number has more than {MAX_NUMBER_DIGITS} digits")
     return Document(data, keys=unquoted.count(b":"), objects=unquoted.count(b"{"))
+
+
+def _without_strings(plain: bytes) -> bytes:
+    """The document with each string's contents cut out (`""` left), given no escaped quote in it. A predict body
+    has a few strings, one of them tens of KB of base64, so they are found one by one; a short document, or one
+    with more than _FEW_STRINGS strings, is split at once."""
+    parts, start = [], 0
+    for _ in range(_FEW_STRINGS if len(plain) >= _SHORT_DOCUMENT else 0):
+        opening = plain.find(b'"', start)
+        if opening < 0:
+            parts.append(plain[start:])
+            return b'""'.join(parts)
+        parts.append(plain[start:opening])
+        start = plain.find(b'"', opening + 1) + 1
+        if not start:  # an unterminated string: msgspec refuses the document
+            return b'""'.join(parts)
+    return b'""'.join(plain.split(b'"')[::2])
 
 
 def decode(data: bytes, decoder: msgspec.json.Decoder[T], charge: Charge) -> tuple[T, Document]:
@@ -165,8 +184,9 @@ def check_keys(document: Document, counted: int) -> None:
 
 
 def present(struct: msgspec.Struct) -> int:
-    """The keys a decoded object had: its fields that are not UNSET."""
-    return sum(getattr(struct, name) is not msgspec.UNSET for name in struct.__struct_fields__)
+    """The keys a decoded object had: its fields that are not UNSET (counted in C: this runs per object)."""
+    values = msgspec.structs.astuple(struct)
+    return len(values) - values.count(msgspec.UNSET)
 
 
 def encode(value: Any, finite: bool = True) -> bytes:

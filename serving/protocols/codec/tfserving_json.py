@@ -95,7 +95,7 @@ class _Bytes:
 
 # --- predict ------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PredictRequest:
     """A decoded predict body: the tensors by input name (`named`), or the one tensor of a body that names none."""
     signature_name: str
@@ -165,7 +165,7 @@ def instance_tensors(instance: object, signature: SignatureInfo) -> dict[str, ob
 
 # --- classify and regress ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ExamplesRequest:
     signature_name: str
     input: input_pb2.Input

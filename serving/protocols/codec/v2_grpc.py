@@ -84,7 +84,7 @@ def request_inputs(request: Any, limit: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutputTensor:
     """One output of a ModelInferResponse: its `outputs` entry and its `raw_output_contents`."""
     name: str

@@ -78,7 +78,7 @@ _NO_INPUT_PARAMETERS = InputParameters()
 _NO_OUTPUT_PARAMETERS = OutputParameters()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Output:
     """A requested output: its name, whether it goes back as binary data, and its top classes (0: the tensor)."""
     name: str
@@ -86,7 +86,7 @@ class Output:
     classes: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Infer:
     """A decoded inference request: the inputs as arrays of their declared shapes, and what it asks back."""
     inputs: dict[str, np.ndarray]
@@ -108,13 +108,14 @@ def _keys(request: InferRequest) -> int:
 def decode_request(body: bytes, header_length: str | None, charge: Charge) -> Infer:
     """A V2 inference request, its JSON header followed by the binary tail that `header_length` (the
     Inference-Header-Content-Length header) says where to split off, if sent."""
+    tail = memoryview(body)  # the binary data is read in place, each BYTES element copied once
     if header_length is None:
-        header, tail = body, b""
+        header, tail = body, tail[:0]
     else:
         length = ascii_int(header_length)
         if length is None or length > len(body):
             raise invalid(f"{HEADER_LENGTH} {header_length!r} does not fit a {len(body)}-byte body")
-        header, tail = body[:length], body[length:]
+        header, tail = body[:length], tail[length:]
     request, document = strict_json.decode(header, _REQUEST, charge)
     strict_json.check_keys(document, _keys(request))  # before the data is read: an object in it is refused there
     parameters = request.parameters or _NO_PARAMETERS
@@ -141,7 +142,7 @@ def _flatten(data: Any) -> list[Any]:
     return [data]
 
 
-def _decode_input(spec: InferInput, tail: bytes, offset: int, base64_default: bool,
+def _decode_input(spec: InferInput, tail: memoryview, offset: int, base64_default: bool,
                   charge: Charge) -> tuple[np.ndarray, int]:
     """One input as an array of its shape, and the offset into the binary tail past its data."""
     name, datatype, shape = spec.name, spec.datatype, spec.shape

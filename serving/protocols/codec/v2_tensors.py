@@ -28,7 +28,7 @@ def declared_count(name: str, datatype: str, shape: list[int]) -> int:
     return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
 
 
-def decode_length_prefixed(raw: bytes, name: str, count: int) -> list[bytes]:
+def decode_length_prefixed(raw: bytes | memoryview, name: str, count: int) -> list[bytes]:
     """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes; never more than the
     `count` the shape declares, so a tail of empty elements cannot become more objects than the request claimed."""
     items: list[bytes] = []
@@ -42,12 +42,12 @@ def decode_length_prefixed(raw: bytes, name: str, count: int) -> list[bytes]:
         offset += 4
         if offset + size > len(raw):
             raise invalid(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
-        items.append(raw[offset:offset + size])
+        items.append(bytes(raw[offset:offset + size]))
         offset += size
     return items
 
 
-def decode_raw(raw: bytes, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
+def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
     """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
     array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
     if datatype == "BYTES":
