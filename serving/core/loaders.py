@@ -34,12 +34,13 @@ DEFAULT_TAGS = frozenset({"serve"})
 class LoadOptions:
     tags: frozenset[str] = DEFAULT_TAGS
     prefer_tflite: bool = False
+    batching: bool = False  # decide at load which signatures batch (serving/core/batchable.py)
 
     @classmethod
-    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool) -> LoadOptions:
+    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool, enable_batching: bool = False) -> LoadOptions:
         """--saved_model_tags is comma-separated, empty parts skipped; none at all means "serve", as in TF Serving."""
         tags = frozenset(tag.strip() for tag in saved_model_tags.split(",") if tag.strip())
-        return cls(tags or DEFAULT_TAGS, prefer_tflite_model)
+        return cls(tags or DEFAULT_TAGS, prefer_tflite_model, enable_batching)
 
 
 class Loaded(Protocol):
