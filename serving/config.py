@@ -173,6 +173,7 @@ class ProcessOptions:
     threads: int = 32
     graceful_timeout: float = 30.0
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: the folder its workers share (serving/worker.py)
+    runtime_dir: str = ""  # set by `petal serve`: its private folder, where its workers agree who serves the socket
 
 
 Group = TypeVar("Group", DataPlaneOptions, ProtocolOptions, SecurityOptions, ProcessOptions)
