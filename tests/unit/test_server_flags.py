@@ -287,3 +287,14 @@ def test_a_socket_path_petal_cannot_bind_fails_at_start_naming_it(tmp_path):
     assert result.returncode == 2 and f"--grpc_socket_path {str(taken)!r} exists and is not a socket" in result.stderr
     assert taken.read_text() == "not a socket"
 
+
+def test_a_config_file_that_does_not_parse_stops_the_server_with_tf_servings_text(tmp_path):
+    """TF Serving's testBadModelConfig starts the server on testdata/bad_model_config.txt and looks for this text on
+    stderr."""
+    config = tmp_path / "bad_model_config.txt"
+    config.write_text("improperly formatted file")
+    result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--model_config_file={config}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Error parsing text-format tensorflow.serving.ModelServerConfig: 1:1 : " in result.stderr
+    assert f"Invalid protobuf file: '{config}'" in result.stderr
