@@ -17,6 +17,7 @@ models TF Serving's tests and documentation use, not on models shaped to fit Pet
   predict, as `tf.saved_model.save` writes them.
 - `half_plus_two_tflite`: `saved_model_half_plus_two_tflite`, the TF1 graph's x (ensured to shape [1, 1]) to y
   converted with the TFLite converter from the session: `model.tflite`, no signature def.
+- `scalar_signatures`: the two-signature tf.Module of TF Serving's server test, whose outputs are scalars.
 
 TF Serving's answers: predict 2.0 -> 3.0 (its test client), [1, 2, 5] -> [2.5, 3.0, 4.5] (its README); regress
 and classify of x = 2 -> 3.0; half_plus_three 2.0 -> 4.0.
@@ -166,4 +167,15 @@ def half_plus_two_tf2(path: str) -> str:
         signatures = {key: getattr(module, key) for key in (
             "regress_x_to_y", "regress_x_to_y2", "regress_x2_to_y3", "classify_x_to_y", "classify_x2_to_y3")}
         tf.saved_model.save(module, path, signatures={**signatures, "serving_default": module.predict})
+    return path
+
+
+def scalar_signatures(path: str) -> str:
+    """tensorflow_model_server_test.py's test_tf_saved_model_save_multiple_signatures: two signatures of an input of
+    unknown rank whose output y is a scalar (1.0 for serving_default, 2.0 for custom_signature_key), which no
+    batch can follow. Returns `path`."""
+    root = tf.train.Checkpoint()
+    root.f = tf.function(lambda x: {"y": 1.0}, input_signature=[tf.TensorSpec(None, tf.float32)])
+    root.g = tf.function(lambda x: {"y": 2.0}, input_signature=[tf.TensorSpec(None, tf.float32)])
+    tf.saved_model.save(root, path, signatures={"serving_default": root.f, "custom_signature_key": root.g})
     return path
