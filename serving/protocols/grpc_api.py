@@ -449,7 +449,7 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
 
 
 def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
-          runtime_dir: str = "") -> grpc.Server | None:
+          runtime_dir: str) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
     --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
     decide which); None when it has neither to serve."""
