@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -173,6 +174,7 @@ class ProcessOptions:
     threads: int = 32
     graceful_timeout: float = 30.0
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: the folder its workers share (serving/worker.py)
+    runtime_dir: str = ""  # set by `petal serve`: its private folder, where its workers agree who serves the socket
 
 
 Group = TypeVar("Group", DataPlaneOptions, ProtocolOptions, SecurityOptions, ProcessOptions)
@@ -219,11 +221,25 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+_Message = TypeVar("_Message", bound=protobuf_message.Message)
+
+
+def _read_text_proto(path: str, message: _Message) -> _Message:
+    """A text-format file into `message`; one that does not parse is a ValueError in TF Serving's words (protobuf's
+    "Error parsing text-format <type>", which TF Serving's own tests look for, then its "Invalid protobuf file")."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        return text_format.Parse(text, message)
+    except text_format.ParseError as error:
+        raise ValueError(f"Error parsing text-format {message.DESCRIPTOR.full_name}: {str(error).rstrip('.')}. "
+                         f"Invalid protobuf file: '{path}'") from None
+
+
 def read_model_config(path: str, model_root: str = "") -> model_server_config_pb2.ModelServerConfig:
     """A text-format ModelServerConfig, checked (`check_model_config`); relative base paths are taken relative to
     the working directory."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), model_server_config_pb2.ModelServerConfig())
+    config = _read_text_proto(path, model_server_config_pb2.ModelServerConfig())
     try:
         check_model_config(config, model_root)
     except ValueError as error:
@@ -256,8 +272,7 @@ def check_model_config(config: model_server_config_pb2.ModelServerConfig, model_
 def read_ssl_config(path: str) -> TLSOptions:
     """A text-format SSLConfig; the key and certificate are required, and client_verify needs the CA to verify
     clients against."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), SSLConfig())
+    config = _read_text_proto(path, SSLConfig())
     if not config.server_key.strip() or not config.server_cert.strip():
         raise ValueError(f"{path}: server_key and server_cert (PEM text) are both required")
     if config.client_verify and not config.custom_ca.strip():
@@ -292,14 +307,12 @@ def read_token_file(path: str) -> tuple[Token, ...]:
 
 
 def read_batching_parameters(path: str) -> BatchingOptions:
-    with open(path) as f:
-        return BatchingOptions.from_proto(text_format.Parse(f.read(), BatchingParameters()))
+    return BatchingOptions.from_proto(_read_text_proto(path, BatchingParameters()))
 
 
 def read_metrics_path(path: str) -> str | None:
     """The Prometheus path from a MonitoringConfig; None when it disables the exporter."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), MonitoringConfig())
+    config = _read_text_proto(path, MonitoringConfig())
     if config.HasField("prometheus_config") and not config.prometheus_config.enable:
         return None
     return config.prometheus_config.path or DEFAULT_METRICS_PATH
@@ -470,7 +483,7 @@ def parse_args(argv: list[str]) -> ServerOptions:
         if args.model_root and not os.path.isdir(args.model_root):
             raise ValueError(f"--model_root {args.model_root!r} is not a folder")
         d.model_server_config()  # read and checked here, so that a bad config fails at start with its path
-    except (OSError, ValueError, text_format.ParseError) as error:
+    except (OSError, ValueError) as error:
         parser.error(str(error))
     try:
         resolve_memory_budget(options)
