@@ -7,6 +7,7 @@ cgroup's (v2 `memory.max`, v1 `memory.limit_in_bytes`) when there is one, else t
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from serving.cpus import CGROUP_ROOT
@@ -38,15 +39,70 @@ ESTIMATE_SLACK = 0.15
 MAX_DEFAULT_BUDGET = 2 * GiB
 
 
+@dataclass(frozen=True)
+class CgroupMemory:
+    """What a memory cgroup holds, in bytes, as its own files report it (docs/security.md#memory-budget)."""
+    version: int  # 1 or 2
+    limit: int | None  # None: no limit
+    usage: int  # everything charged to it: its processes' memory, the page cache they read, kernel memory
+    working_set: int  # usage less the inactive file pages: what Kubernetes judges a pod by
+    file: int  # page cache charged to it: shared libraries, the model, Python's modules
+    failed_charges: int  # times the usage reached the limit (v1 memory.failcnt, v2 memory.events `max`)
+    oom_kills: int
+
+
+def _stat(path: Path) -> dict[str, int]:
+    """A flat-keyed cgroup file (memory.stat, memory.events, memory.oom_control) as a dict."""
+    return {key: int(value) for key, value in (line.split() for line in path.read_text().splitlines() if line)}
+
+
+def _limit(text: str) -> int | None:
+    """v2 says "max" for no limit, v1 a number near 2**63."""
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) < (1 << 60) else None
+
+
+def read_cgroup_v2(folder: str | Path) -> CgroupMemory:
+    """A v2 cgroup's memory (OSError or ValueError when its files are not there)."""
+    folder = Path(folder)
+    stat, events = _stat(folder / "memory.stat"), _stat(folder / "memory.events")
+    usage = int((folder / "memory.current").read_text())
+    return CgroupMemory(2, _limit((folder / "memory.max").read_text()), usage,
+                        max(0, usage - stat["inactive_file"]), stat["file"], events["max"], events["oom_kill"])
+
+
+def read_cgroup_v1(folder: str | Path) -> CgroupMemory:
+    """A v1 memory cgroup's memory, counting its descendants as v2 does (OSError or ValueError when its files are
+    not there)."""
+    folder = Path(folder)
+    stat = _stat(folder / "memory.stat")
+    usage = int((folder / "memory.usage_in_bytes").read_text())
+    return CgroupMemory(1, _limit((folder / "memory.limit_in_bytes").read_text()), usage,
+                        max(0, usage - stat["total_inactive_file"]), stat["total_cache"],
+                        int((folder / "memory.failcnt").read_text()),
+                        _stat(folder / "memory.oom_control").get("oom_kill", 0))
+
+
+def cgroup_memory(cgroup_root: str = CGROUP_ROOT) -> CgroupMemory | None:
+    """This process's memory cgroup, as a container sees its own (v2 at the root, v1 under `memory/`); None when
+    there is none to read."""
+    for read, folder in ((read_cgroup_v2, Path(cgroup_root)), (read_cgroup_v1, Path(cgroup_root, "memory"))):
+        try:
+            return read(folder)
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
 def available_memory(cgroup_root: str = CGROUP_ROOT) -> int:
     """Bytes this process may use: the cgroup limit when set, else physical memory."""
     for path in (Path(cgroup_root, "memory.max"), Path(cgroup_root, "memory", "memory.limit_in_bytes")):
         try:
-            text = path.read_text().strip()
+            limit = _limit(path.read_text())
         except OSError:
             continue
-        if text.isdigit() and int(text) < (1 << 60):  # v1 reports "no limit" as a huge number
-            return int(text)
+        if limit is not None:
+            return limit
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
