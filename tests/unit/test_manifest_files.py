@@ -44,8 +44,8 @@ from serving.memory import (
 )
 from serving.worker import intra_op_threads
 
-# What a fresh pod of the image holds once loaded, page cache included, with a cold cache: the most measured over ten
-# starts (968-1079 MiB: benchmarks/memory.py --pod_limit, tests/e2e/test_manifests.py).
+# What a fresh pod of the image holds once loaded, page cache included, with a cold cache: 949-1073 MiB over 16
+# starts (benchmarks/memory.py --pod_limit, tests/e2e/test_manifests.py), rounded up from the most.
 POD_FOOTPRINT = 1080 * MiB
 
 # --- every file ------------------------------------------------------------------------------------------------
