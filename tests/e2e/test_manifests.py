@@ -54,8 +54,9 @@ def test_a_fresh_pod_of_the_deployment_holds_a_pixel_flood_within_its_limit():
     root, no memory controller) it is skipped, saying why."""
     from server_harness import flat_jpeg, flood, flood_requests, run_server
 
-    if fresh_pod.unavailable():
-        pytest.skip(f"no fresh pod on this machine: {fresh_pod.unavailable()}")
+    reason = fresh_pod.unavailable()
+    if reason:
+        pytest.skip(f"no fresh pod on this machine: {reason}")
     container = pod_container(kubernetes_objects())
     limit = memory_bytes(container["resources"]["limits"]["memory"])
     image = flat_jpeg(SIDE)
@@ -70,10 +71,10 @@ def test_a_fresh_pod_of_the_deployment_holds_a_pixel_flood_within_its_limit():
     summary = (f"limit {limit / MiB:.0f} MiB; idle usage {idle.usage / MiB:.0f}, working set "
                f"{idle.working_set / MiB:.0f}, file {idle.file / MiB:.0f}; budget {budget / MiB:.0f}; peak working "
                f"set {peaks.working_set / MiB:.0f}, usage {peaks.usage / MiB:.0f}; answers {statuses}")
+    print(summary)  # where it ran and what it measured, for -rP
     assert idle.file > 256 * MiB, f"the pod was not charged for its libraries: not a cold start ({summary})"
     expected = (limit * (1 - HEADROOM) - idle.usage) / (1 + ESTIMATE_SLACK)
     assert abs(budget - expected) < 32 * MiB, f"the budget is not the one the idle cgroup gives ({summary})"
-    print(summary)
     assert sum(statuses.values()) == CLIENTS and set(statuses) <= {200, 503, 504}, summary
     assert peaks.working_set - idle.working_set > budget / 4, f"the flood did not reach the budget ({summary})"
     assert peaks.working_set <= (1 - HEADROOM) * limit, summary
