@@ -25,7 +25,14 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from serving import metrics
-from serving.config import ProtocolOptions, ServerOptions, TLSOptions, bind_address, parse_args
+from serving.config import (
+    ProtocolOptions,
+    ServerOptions,
+    TLSOptions,
+    bind_address,
+    log_estimated_budget,
+    parse_args,
+)
 from serving.protocols import unix_socket
 
 if TYPE_CHECKING:  # TensorFlow comes with the core, and only the workers import it
@@ -192,6 +199,7 @@ def main(argv: list[str]) -> int:
     if options.ineffective_flags:
         logger.warning("tensorflow_model_server flags that change nothing in Petal",
                        extra={"fields": {"flags": dict(options.ineffective_flags)}})
+    log_estimated_budget(options)
     if not dataplane.model_config_file and not os.path.isdir(dataplane.model_base_path):
         logger.warning("model base path does not exist yet; waiting for versions to appear",
                        extra={"fields": {"model_base_path": dataplane.model_base_path}})

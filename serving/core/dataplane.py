@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import threading
 import time
@@ -29,6 +30,8 @@ from serving.core.repository import Repository, VersionState, VersionStatus
 from serving.core.servable import Servable
 from serving.core.startup import Startup
 from serving.metrics import Metrics, VersionStatistics
+
+logger = logging.getLogger(__name__)
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -135,6 +138,10 @@ class DataPlane:
     # Set by the worker when several processes serve: hands a reloaded config to the others.
     publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
+    # The memory budget's limits once the initial load is over, when they are measured then (serving/worker.py):
+    # called once, by whoever sees the load end first, before the startup gate opens.
+    budget_after_load: Callable[[], tuple[int, int]] | None = None
+    _settling: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- inference ---------------------------------------------------------------------------------------------
 
@@ -315,8 +322,18 @@ class DataPlane:
             return []
 
     def wait_loaded(self) -> None:
-        """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
+        """Block until the startup pass has loaded, warmed or failed every version it aspired to, and the memory
+        budget is settled."""
         self.repository.wait_first_pass()
+        with self._settling:
+            measure, self.budget_after_load = self.budget_after_load, None
+            if measure is not None:
+                try:
+                    limits = measure()
+                except Exception:  # an unreadable cgroup must not leave the budget refusing every request
+                    logger.exception("memory budget not measured; keeping the estimate")
+                    limits = self.memory.limit, self.memory.pixel_limit
+                self.memory.settle(*limits)
         self.startup.loaded()
 
     def wait_started(self, deadline: float | None = None) -> bool:
@@ -345,12 +362,15 @@ class DataPlane:
 
     @classmethod
     def create(cls, options: DataPlaneOptions, ports_to_open: int = 0,
-               drain_seconds: float = ProcessOptions.graceful_timeout) -> DataPlane:
+               drain_seconds: float = ProcessOptions.graceful_timeout,
+               budget_after_load: Callable[[], tuple[int, int]] | None = None) -> DataPlane:
         """A core for these options, its models loading in the background (readiness reports progress). It has
         started once they have loaded and the caller has told `core.startup` of each port it opened. An unloaded
-        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish."""
+        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish. With `budget_after_load`
+        the memory budget's limits are what it returns once the load is over; until then it admits no body."""
         metrics = Metrics()
-        memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics)
+        memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics,
+                              pending=budget_after_load is not None)
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
@@ -359,7 +379,7 @@ class DataPlane:
                                                                     options.prefer_tflite_model,
                                                                     options.enable_batching))
         core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
-                   startup=Startup(ports_to_open))
+                   startup=Startup(ports_to_open), budget_after_load=budget_after_load)
         repository.start()
         threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()
         return core
