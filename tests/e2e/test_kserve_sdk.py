@@ -1,25 +1,28 @@
 """KServe's Python SDK (the `kserve` package), a stock client Petal did not shape, against a real `petal serve` of the
 tiny image model and TF Serving's half_plus_two (tests/tf_serving_models.py): its REST client over V2 (server
 liveness and readiness, which it reads from the body, model readiness and infer) and V1 (TF Serving's predict),
-and its gRPC client's V2 infer, with binary tensors (raw contents) as the SDK sends them."""
+and its gRPC client's V2 infer, with binary tensors (raw contents) as the SDK sends them. The SDK runs in a process
+of its own (tests/kserve_sdk_calls.py says why)."""
 from __future__ import annotations
 
-import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
-from server_harness import jpeg, run_server, tiny_model_base
+from kserve_sdk_calls import IMAGES
+from server_harness import ROOT, run_server, tiny_model_base
 from tf_serving_models import half_plus_two
 
-TIMEOUT = 60
-IMAGES = [jpeg(seed=s) for s in range(3)]
+CALLS = os.path.join(ROOT, "tests", "kserve_sdk_calls.py")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def answers(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("kserve_sdk")
     half_plus_two(str(root / "half_plus_two" / "00000123"))
     config = root / "models.config"
@@ -28,7 +31,15 @@ def server(tmp_path_factory):
                       f'config {{ name: "half_plus_two" base_path: "{root / "half_plus_two"}" '
                       'model_platform: "tensorflow" } }')
     with run_server(f"--model_config_file={config}") as srv:
-        yield srv
+        done = subprocess.run([sys.executable, CALLS, srv.rest_url, srv.grpc_target], capture_output=True,
+                              text=True, timeout=180, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def answer(answers: dict, call: str):
+    assert "error" not in answers[call], answers[call]["error"]
+    return answers[call]["answer"]
 
 
 @pytest.fixture(scope="module")
@@ -37,60 +48,18 @@ def local_probabilities() -> np.ndarray:
     return signature(image_bytes=tf.constant(IMAGES))["probabilities"].numpy()
 
 
-def rest(protocol: str):
-    return lambda: InferenceRESTClient(RESTConfig(protocol=protocol, timeout=TIMEOUT))
-
-
-def binary_input(name: str, datatype: str, value: np.ndarray) -> InferInput:
-    tensor = InferInput(name, list(value.shape), datatype)
-    tensor.set_data_from_numpy(value, binary_data=True)
-    return tensor
-
-
-def requests_by_model() -> dict[str, InferRequest]:
-    images = binary_input("image_bytes", "BYTES", np.array(IMAGES, dtype=object))
-    x = binary_input("x", "FP32", np.array([[1.0], [2.0], [5.0]], np.float32))
-    return {"flowers": InferRequest("flowers", [images]), "half_plus_two": InferRequest("half_plus_two", [x])}
-
-
-async def _with(make_client, call):
-    """Call with a client made inside the event loop (the gRPC client's channel needs the running loop)."""
-    client = make_client()
-    try:
-        return await call(client)
-    finally:
-        await client.close()
-
-
-def test_v2_server_liveness_and_readiness_read_from_the_body(server):
-    async def probes(client: InferenceRESTClient) -> list:
-        return [await client.is_server_live(server.rest_url), await client.is_server_ready(server.rest_url),
-                await client.is_model_ready(server.rest_url, "flowers"),
-                await client.is_model_ready(server.rest_url, "half_plus_two"),
-                await client.is_model_ready(server.rest_url, "nope")]
-    assert asyncio.run(_with(rest("v2"), probes)) == [True, True, True, True, False]
+def test_v2_server_liveness_and_readiness_read_from_the_body(answers):
+    assert answer(answers, "probes") == [True, True, True, True, False]
 
 
 @pytest.mark.parametrize("transport", ["rest", "grpc"])
-def test_v2_infer_on_the_image_model_and_half_plus_two(server, local_probabilities, transport):
-    async def infer(client) -> dict:
-        answers = {}
-        for model, request in requests_by_model().items():
-            if transport == "rest":
-                response = await client.infer(server.rest_url, request, model_name=model)
-            else:
-                response = await client.infer(request)
-            assert response.model_name == model
-            answers[model] = {output.name: output.as_numpy() for output in response.outputs}
-        return answers
-    client = rest("v2") if transport == "rest" else lambda: InferenceGRPCClient(server.grpc_target, timeout=TIMEOUT)
-    answers = asyncio.run(_with(client, infer))
-    np.testing.assert_allclose(answers["flowers"]["probabilities"], local_probabilities, rtol=1e-5, atol=1e-6)
-    assert answers["half_plus_two"]["y"].tolist() == [[2.5], [3.0], [4.5]]
+def test_v2_infer_on_the_image_model_and_half_plus_two(answers, local_probabilities, transport):
+    got = answer(answers, f"infer_{transport}")
+    assert got["flowers"]["model_name"] == "flowers" and got["half_plus_two"]["model_name"] == "half_plus_two"
+    np.testing.assert_allclose(got["flowers"]["probabilities"], local_probabilities, rtol=1e-5, atol=1e-6)
+    assert got["half_plus_two"]["y"] == [[2.5], [3.0], [4.5]]
 
 
-def test_v1_predict_is_tf_servings_first_readme_example(server):
+def test_v1_predict_is_tf_servings_first_readme_example(answers):
     """The SDK's V1 protocol is TF Serving's REST predict: docker.md's half_plus_two example."""
-    async def predict(client: InferenceRESTClient) -> dict:
-        return await client.infer(server.rest_url, {"instances": [1.0, 2.0, 5.0]}, model_name="half_plus_two")
-    assert asyncio.run(_with(rest("v1"), predict)) == {"predictions": [2.5, 3.0, 4.5]}
+    assert answer(answers, "v1_predict") == {"predictions": [2.5, 3.0, 4.5]}
