@@ -2,7 +2,8 @@
 once decoded.
 
     .venv/bin/python benchmarks/memory.py [--clients 8] [--images 32] [--side 6000] \
-        [--protocols rest,v2,multipart,grpc] [--petal_args "--memory_budget_bytes=268435456"]
+        [--protocols rest,v2,multipart,grpc] [--petal_args "--memory_budget_bytes=268435456"] \
+        [--pod_limit 2147483648 [--checkout DIR]]
 
 Each of `--clients` clients sends one request of `--images` JPEGs of side x side pixels at once (a 6000 x 6000 flat
 colour is 0.56 MB on the wire and 108 MB decoded): a REST `:predict` of base64 JSON (about 23 MB for 32), a V2
@@ -11,33 +12,29 @@ clients x images multipart `:classify_image` requests at once. The figures are t
 (the gunicorn master and its worker): resident memory idle, its peak during the flood (the sum of each process's
 kernel high-water mark, VmHWM, reset before the flood; writing to clear_refs needs the processes' owner) and 5 s
 after; and how the requests were answered (HTTP statuses; gRPC codes as the HTTP status they map to). Every
-protocol gets a fresh server, started with `--petal_args` (default: none, the derived budget).
+protocol gets a fresh server, started with `--petal_args` (default: none, the derived budget), on the tiny test
+model unless they name one.
 
-The script uses only what tests/server_harness.py has had since the pixel budget came, so the same file measures
-an older checkout (copy it there and run it with that checkout's PYTHONPATH).
+With `--pod_limit`, each server runs as a fresh pod of that many bytes does (tests/fresh_pod.py: a memory cgroup
+it sees as its own, a cold page cache; needs root), and the figures are the cgroup's, as Kubernetes sees them:
+its usage (page cache included), working set and file pages idle, the peaks of the working set and the usage
+during the flood, and how often the usage reached the limit (failed charges) or a process was OOM-killed.
+`--checkout` runs the server of another checkout of this repository (an older commit's, say) under this script.
 """
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
-import struct
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-
-import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 MB = 1024 * 1024
 PROTOCOLS = ("rest", "v2", "multipart", "grpc")
-GRPC_TO_HTTP = {"OK": 200, "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
-                "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
 TIMEOUT_S = 600
 
 
@@ -47,87 +44,49 @@ def process_group(master: int) -> list[int]:
     return [master, *map(int, children)]
 
 
-def senders(protocol: str, server, image: bytes, images: int, clients: int) -> list[Callable[[], int]]:
-    """One callable per concurrent request, each returning the status it got (0: no answer)."""
-    url = server.rest_url
-    if protocol == "rest":
-        body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}] * images}).encode()
-        return [lambda: post(url + "/v1/models/flowers:predict", data=body,
-                             headers={"Content-Type": "application/json"})] * clients
-    if protocol == "v2":
-        raw = (struct.pack("<I", len(image)) + image) * images
-        header = json.dumps({"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [images],
-                                         "parameters": {"binary_data_size": len(raw)}}]}).encode()
-        return [lambda: post(url + "/v2/models/flowers/infer", data=header + raw,
-                             headers={"Content-Type": "application/octet-stream",
-                                      "Inference-Header-Content-Length": str(len(header))})] * clients
-    if protocol == "multipart":
-        return [lambda: post(url + "/v1/models/flowers:classify_image",
-                             files={"image": ("flat.jpg", image, "image/jpeg")})] * (clients * images)
-    return [grpc_sender(server.grpc_target, image, images)] * clients
+def server_flags(extra: list[str]) -> list[str]:
+    from server_harness import tiny_model_base
 
-
-def post(url: str, **kwargs) -> int:
-    try:
-        return requests.post(url, timeout=TIMEOUT_S, **kwargs).status_code
-    except requests.RequestException:
-        return 0
-
-
-def grpc_sender(target: str, image: bytes, images: int) -> Callable[[], int]:
-    import grpc
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image] * images, dtype=tf.string))
-    options = [("grpc.max_send_message_length", 256 * MB), ("grpc.max_receive_message_length", 256 * MB)]
-
-    def send() -> int:
-        with grpc.insecure_channel(target, options=options) as channel:
-            try:
-                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=TIMEOUT_S)
-                return 200
-            except grpc.RpcError as error:
-                return GRPC_TO_HTTP.get(error.code().name, 0)
-    return send
-
-
-def flood(sends: list[Callable[[], int]]) -> dict[int, int]:
-    """Every request at once; the statuses, counted."""
-    statuses: dict[int, int] = {}
-    lock = threading.Lock()
-
-    def one(send: Callable[[], int]) -> None:
-        code = send()
-        with lock:
-            statuses[code] = statuses.get(code, 0) + 1
-    threads = [threading.Thread(target=one, args=(send,)) for send in sends]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return statuses
+    given = any(flag.startswith("--model_base_path=") or flag.startswith("--model_config_file=") for flag in extra)
+    return extra if given else [f"--model_base_path={tiny_model_base()}", *extra]
 
 
 def measure(protocol: str, extra: list[str], image: bytes, images: int, clients: int) -> dict:
     """One flood against a fresh server; sizes in bytes."""
-    from server_harness import reset_peak, run_server, status_kb, tiny_model_base
+    from server_harness import flood, flood_requests, reset_peak, run_server, status_kb
 
-    with run_server(f"--model_base_path={tiny_model_base()}", *extra) as server:
+    with run_server(*server_flags(extra)) as server:
         pids = process_group(server.proc.pid)
         for pid in pids:
             reset_peak(pid)
         idle = sum(status_kb(pid, "VmRSS") for pid in pids) * 1024
         started = time.monotonic()
-        statuses = flood(senders(protocol, server, image, images, clients))
+        statuses = flood(flood_requests(protocol, server, image, images, clients, TIMEOUT_S))
         elapsed = time.monotonic() - started
         peak = sum(status_kb(pid, "VmHWM") for pid in pids) * 1024
         time.sleep(5)
         after = sum(status_kb(pid, "VmRSS") for pid in pids) * 1024
     return {"protocol": protocol, "idle": idle, "peak": peak, "after": after, "seconds": elapsed,
             "statuses": statuses}
+
+
+def measure_pod(protocol: str, extra: list[str], image: bytes, images: int, clients: int, limit: int,
+                checkout: str) -> dict:
+    """One flood against a server started as a fresh pod of `limit` bytes; the cgroup's figures, in bytes."""
+    from fresh_pod import fresh_pod
+    from server_harness import flood, flood_requests, run_server
+
+    with fresh_pod(limit) as pod, run_server(*server_flags(extra), env=pod.env, wrapper=pod.wrapper,
+                                             cwd=checkout) as server:
+        idle = pod.read()
+        started = time.monotonic()
+        with pod.sampled() as peaks:
+            statuses = flood(flood_requests(protocol, server, image, images, clients, TIMEOUT_S))
+        elapsed = time.monotonic() - started
+        alive = server.proc.poll() is None
+    assert peaks.last is not None
+    return {"protocol": protocol, "idle": idle, "peaks": peaks, "seconds": elapsed, "statuses": statuses,
+            "alive": alive}
 
 
 def main() -> int:
@@ -137,6 +96,8 @@ def main() -> int:
     parser.add_argument("--side", type=int, default=6000, help="pixels per side (under --max_image_pixels)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
     parser.add_argument("--petal_args", default="", help="flags for every server")
+    parser.add_argument("--pod_limit", type=int, default=0, help="run each server as a fresh pod of this many bytes")
+    parser.add_argument("--checkout", default=ROOT, help="the checkout whose server runs (with --pod_limit)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from server_harness import flat_jpeg
@@ -144,6 +105,13 @@ def main() -> int:
     image = flat_jpeg(args.side)
     print(f"{args.clients} clients x {args.images} x {args.side}x{args.side} JPEGs ({len(image) / MB:.2f} MB each "
           f"on the wire, {args.side * args.side * 3 / MB:.0f} MB decoded); petal serve {args.petal_args}\n")
+    if args.pod_limit:
+        from fresh_pod import unavailable
+
+        if unavailable():
+            print(f"--pod_limit: {unavailable()}", file=sys.stderr)
+            return 2
+        return print_pods(args, image)
     print("| protocol | idle RSS MB | peak RSS MB | peak - idle | RSS 5 s after MB | seconds | statuses |")
     print("|---|---|---|---|---|---|---|")
     for protocol in args.protocols.split(","):
@@ -151,6 +119,23 @@ def main() -> int:
         print(f"| {protocol} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | {(r['peak'] - r['idle']) / MB:+.0f} | "
               f"{r['after'] / MB:.0f} | {r['seconds']:.1f} | {json.dumps(r['statuses'], sort_keys=True)} |",
               flush=True)
+    return 0
+
+
+def print_pods(args: argparse.Namespace, image: bytes) -> int:
+    limit = args.pod_limit
+    print(f"in a fresh pod of {limit / MB:.0f} MiB, server from {args.checkout}\n")
+    print("| protocol | idle usage MiB | idle working set | idle file | peak working set | peak usage | "
+          "failed charges | OOM kills | seconds | statuses |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for protocol in args.protocols.split(","):
+        r = measure_pod(protocol, args.petal_args.split(), image, args.images, args.clients, limit, args.checkout)
+        idle, peaks = r["idle"], r["peaks"]
+        statuses = json.dumps(r["statuses"], sort_keys=True) + ("" if r["alive"] else ", server died")
+        print(f"| {protocol} | {idle.usage / MB:.0f} | {idle.working_set / MB:.0f} | {idle.file / MB:.0f} | "
+              f"{peaks.working_set / MB:.0f} ({peaks.working_set / limit:.0%}) | "
+              f"{peaks.usage / MB:.0f} ({peaks.usage / limit:.0%}) | {peaks.last.failed_charges} | "
+              f"{peaks.last.oom_kills} | {r['seconds']:.1f} | {statuses} |", flush=True)
     return 0
 
 

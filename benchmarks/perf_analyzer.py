@@ -12,8 +12,9 @@ this, so neither the benchmark nor the tests download anything when they run. It
 (`apt-get install libb64-0d`; .ci/run installs it). --perf_analyzer takes a binary of your own instead.
 
 Two models: the image model, one JPEG per request (perf_analyzer's --input-data "b64" holds a BYTES tensor as
-Triton serializes it: each element's 4-byte little-endian length, then its bytes), over the V2 kinds; and a
-tf.Module with one float input (y = 0.5 x + 2, tests/foreign_models.py) over all three kinds. The image model is
+Triton serializes it: each element's 4-byte little-endian length, then its bytes), over the V2 kinds; and TF
+Serving's own TF1 half_plus_two (tests/tf_serving_models.py), whose x:0 is fed by name, over all three kinds:
+--service-kind=tfserving sends it x of shape [1] (--shape x:1), as TF Serving's test client does. The image model is
 not run over tfserving: perf_analyzer 2.41's TF Serving client steps over each string's bytes but not its length
 prefix, so it cannot send one string (Petal answers what arrives: INVALID_ARGUMENT).
 """
@@ -143,9 +144,9 @@ def runs(models: Iterable[str]) -> list[tuple[str, str]]:
 
 def main() -> int:
     from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
-    from foreign_models import tf2_module
     from server_harness import tiny_model_base
     from serving import launcher
+    from tf_serving_models import half_plus_two
     from training.synth import CLASSES, render
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -165,7 +166,7 @@ def main() -> int:
     image_model = args.model_base_path or (DEFAULT_MODEL_BASE_PATH if exported_versions(DEFAULT_MODEL_BASE_PATH)
                                             else tiny_model_base())
     with tempfile.TemporaryDirectory() as folder:
-        tf2_module(os.path.join(folder, FLOAT_MODEL))
+        half_plus_two(os.path.join(folder, FLOAT_MODEL, "00000123"))
         config = os.path.join(folder, "models.config")
         with open(config, "w") as f:
             f.write(f'model_config_list {{ config {{ name: "{IMAGE_MODEL}" base_path: '

@@ -12,17 +12,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
-from serving.cpus import available_cores
+from serving.cpus import CGROUP_ROOT, available_cores
 from serving.memory import (
     BODY_BYTES_FACTOR,
     BYTES_PER_PIXEL,
+    Footprint,
     available_memory,
+    cgroup_memory,
     default_memory_budget,
     default_pixel_share,
+    estimated_footprint,
+    footprint_after_load,
+    log_budget,
 )
 from serving.model_server_flags import UNIMPLEMENTED
 from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
@@ -173,6 +179,7 @@ class ProcessOptions:
     threads: int = 32
     graceful_timeout: float = 30.0
     reload_dir: str = ""  # set by `petal serve` with --workers > 1: the folder its workers share (serving/worker.py)
+    runtime_dir: str = ""  # set by `petal serve`: its private folder, where its workers agree who serves the socket
 
 
 Group = TypeVar("Group", DataPlaneOptions, ProtocolOptions, SecurityOptions, ProcessOptions)
@@ -219,11 +226,25 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+_Message = TypeVar("_Message", bound=protobuf_message.Message)
+
+
+def _read_text_proto(path: str, message: _Message) -> _Message:
+    """A text-format file into `message`; one that does not parse is a ValueError in TF Serving's words (protobuf's
+    "Error parsing text-format <type>", which TF Serving's own tests look for, then its "Invalid protobuf file")."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        return text_format.Parse(text, message)
+    except text_format.ParseError as error:
+        raise ValueError(f"Error parsing text-format {message.DESCRIPTOR.full_name}: {str(error).rstrip('.')}. "
+                         f"Invalid protobuf file: '{path}'") from None
+
+
 def read_model_config(path: str, model_root: str = "") -> model_server_config_pb2.ModelServerConfig:
     """A text-format ModelServerConfig, checked (`check_model_config`); relative base paths are taken relative to
     the working directory."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), model_server_config_pb2.ModelServerConfig())
+    config = _read_text_proto(path, model_server_config_pb2.ModelServerConfig())
     try:
         check_model_config(config, model_root)
     except ValueError as error:
@@ -256,8 +277,7 @@ def check_model_config(config: model_server_config_pb2.ModelServerConfig, model_
 def read_ssl_config(path: str) -> TLSOptions:
     """A text-format SSLConfig; the key and certificate are required, and client_verify needs the CA to verify
     clients against."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), SSLConfig())
+    config = _read_text_proto(path, SSLConfig())
     if not config.server_key.strip() or not config.server_cert.strip():
         raise ValueError(f"{path}: server_key and server_cert (PEM text) are both required")
     if config.client_verify and not config.custom_ca.strip():
@@ -292,14 +312,12 @@ def read_token_file(path: str) -> tuple[Token, ...]:
 
 
 def read_batching_parameters(path: str) -> BatchingOptions:
-    with open(path) as f:
-        return BatchingOptions.from_proto(text_format.Parse(f.read(), BatchingParameters()))
+    return BatchingOptions.from_proto(_read_text_proto(path, BatchingParameters()))
 
 
 def read_metrics_path(path: str) -> str | None:
     """The Prometheus path from a MonitoringConfig; None when it disables the exporter."""
-    with open(path) as f:
-        config = text_format.Parse(f.read(), MonitoringConfig())
+    config = _read_text_proto(path, MonitoringConfig())
     if config.HasField("prometheus_config") and not config.prometheus_config.enable:
         return None
     return config.prometheus_config.path or DEFAULT_METRICS_PATH
@@ -377,9 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
          "at least one --max_image_pixels image; -1: no budget at all")
     flag("--memory_budget_bytes", type=int, default=d.memory_budget_bytes,
          help="(Petal) memory a worker holds for the requests in flight: their bodies as read, parsed and decoded, "
-         "and the images being decoded; a request past it gets 503 with Retry-After at once. 0: the memory limit "
-         "(cgroup, else physical) less 15%% headroom, the master and the idle workers, over the workers; "
-         "-1: no budget")
+         "and the images being decoded; a request past it gets 503 with Retry-After at once. 0: the cgroup's "
+         "memory limit less 15%% headroom and what the server holds once its models have loaded (page cache "
+         "included), over the workers; without a cgroup limit, physical memory less 15%% and the idle server's "
+         "estimated size; -1: no budget")
     flag("--graceful_timeout", type=float, default=d.graceful_timeout,
          help="(Petal) on SIGTERM, how long requests in flight get to finish")
     flag("--rest_api_enable_cors_support", default=False, help="CORS for every origin, as "
@@ -414,27 +433,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_memory_budget(options: ServerOptions, memory: int | None = None) -> None:
-    """Fill in the derived budget and pixel share (serving/memory.py) for `memory` bytes (default: this machine's
-    or cgroup's limit); -1 for either turns the whole budget off."""
+def resolve_memory_budget(options: ServerOptions, footprint: Footprint | None = None) -> tuple[int, int]:
+    """Each worker's memory budget and its pixel share, (bytes, pixels): as the flags give them, else derived
+    (serving/memory.py) from `footprint` (default: estimated from this machine's memory limit); (-1, -1) when
+    either flag turns the budget off. ValueError for flags that contradict each other."""
     d = options.dataplane
     if d.memory_budget_bytes < 0 or d.max_inflight_pixels < 0:
-        d.memory_budget_bytes = d.max_inflight_pixels = -1
-        return
+        return -1, -1
     if 0 < d.max_inflight_pixels < d.max_image_pixels:
         raise ValueError("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could "
                          "never run")
-    if d.memory_budget_bytes == 0:
+    budget = d.memory_budget_bytes
+    if budget == 0:
         pixels = max(d.max_inflight_pixels, d.max_image_pixels)
         floor = pixels * BYTES_PER_PIXEL + options.protocols.max_request_bytes * BODY_BYTES_FACTOR
-        memory = available_memory() if memory is None else memory
-        d.memory_budget_bytes = default_memory_budget(memory, options.process.workers, floor)
-    if d.max_inflight_pixels == 0:
-        d.max_inflight_pixels = default_pixel_share(d.memory_budget_bytes, d.max_image_pixels)
-    if d.max_inflight_pixels * BYTES_PER_PIXEL >= d.memory_budget_bytes:
-        raise ValueError(f"--memory_budget_bytes ({d.memory_budget_bytes}) must be larger than the decoded "
-                         f"pixels it keeps (--max_inflight_pixels {d.max_inflight_pixels}, "
-                         f"{BYTES_PER_PIXEL} bytes each), to leave room for request bodies")
+        workers = options.process.workers
+        budget = default_memory_budget(footprint or estimated_footprint(available_memory(), workers), workers, floor)
+    pixels = d.max_inflight_pixels or default_pixel_share(budget, d.max_image_pixels)
+    if pixels * BYTES_PER_PIXEL >= budget:
+        raise ValueError(f"--memory_budget_bytes ({budget}) must be larger than the decoded pixels it keeps "
+                         f"(--max_inflight_pixels {pixels}, {BYTES_PER_PIXEL} bytes each), to leave room for "
+                         "request bodies")
+    return budget, pixels
+
+
+def measures_memory_budget(options: ServerOptions, cgroup_root: str = CGROUP_ROOT) -> bool:
+    """Whether the budget is derived from what the server's cgroup holds once its models have loaded (see
+    `budget_after_load`): when it is derived at all, and there is a cgroup limit to read."""
+    d = options.dataplane
+    if d.memory_budget_bytes != 0 or d.max_inflight_pixels < 0:
+        return False
+    cgroup = cgroup_memory(cgroup_root)
+    return cgroup is not None and cgroup.limit is not None
+
+
+def log_estimated_budget(options: ServerOptions) -> None:
+    """The master's line at start for a budget derived where there is no cgroup limit to measure (a measured one is
+    logged by the worker that measured it, `budget_after_load`)."""
+    d, workers = options.dataplane, options.process.workers
+    if d.memory_budget_bytes == 0 and d.max_inflight_pixels >= 0 and not measures_memory_budget(options):
+        footprint = estimated_footprint(available_memory(), workers)
+        log_budget(footprint, workers, *resolve_memory_budget(options, footprint))
+
+
+def budget_after_load(options: ServerOptions, cgroup_root: str = CGROUP_ROOT) -> tuple[int, int]:
+    """The budget and pixel share from the cgroup's reading once every worker has loaded and warmed up its models
+    (a worker calls it then, before it admits a request); logged by the worker that read it. Without a cgroup limit
+    to read, the estimate's."""
+    workers = options.process.workers
+    measured = footprint_after_load(workers, options.process.reload_dir, cgroup_root)
+    footprint = estimated_footprint(available_memory(cgroup_root), workers) if measured is None else measured[0]
+    budget, pixels = resolve_memory_budget(options, footprint)
+    if measured is None or measured[1]:
+        log_budget(footprint, workers, budget, pixels)
+    return budget, pixels
 
 
 def parse_args(argv: list[str]) -> ServerOptions:
@@ -470,10 +522,10 @@ def parse_args(argv: list[str]) -> ServerOptions:
         if args.model_root and not os.path.isdir(args.model_root):
             raise ValueError(f"--model_root {args.model_root!r} is not a folder")
         d.model_server_config()  # read and checked here, so that a bad config fails at start with its path
-    except (OSError, ValueError, text_format.ParseError) as error:
+    except (OSError, ValueError) as error:
         parser.error(str(error))
     try:
-        resolve_memory_budget(options)
+        resolve_memory_budget(options)  # checked here; each worker derives it (serving/worker.py)
     except ValueError as error:
         parser.error(str(error))
     process = options.process

@@ -1,12 +1,20 @@
 """How much memory this process may use, and from it the default memory budget of each worker.
 
 The budget (serving/core/budget.py) covers what requests in flight hold: their bodies, and the images being
-decoded, which a JPEG makes large (a 6000 x 6000 flat colour: 0.56 MB sent, 108 MB decoded). The limit is the
-cgroup's (v2 `memory.max`, v1 `memory.limit_in_bytes`) when there is one, else the machine's physical memory.
+decoded, which a JPEG makes large (a 6000 x 6000 flat colour: 0.56 MB sent, 108 MB decoded). It is what the limit
+leaves once the headroom and the server's own footprint are taken off. In a cgroup with a limit (v2 `memory.max`,
+v1 `memory.limit_in_bytes`: a container's) the footprint is measured once the models have loaded and warmed up:
+everything the cgroup is charged for, its processes' memory and the page cache they read (TensorFlow's libraries,
+the model, Python's modules), which a fresh pod is charged for as it reads them. Elsewhere the limit is the
+machine's physical memory and the footprint is estimated from an idle server's measured size.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from serving.cpus import CGROUP_ROOT
@@ -25,37 +33,189 @@ BYTES_PER_PIXEL = 4
 # the signature's dtype: 25-70 bytes a value measured, whatever its digits).
 BODY_BYTES_FACTOR = 4
 JSON_VALUE_BYTES = 64
-# A worker's resident memory with the default model, idle (measured with benchmarks/memory.py: 631-655 MB), and
-# the gunicorn master's.
+# Without a cgroup to measure, the footprint is estimated: a worker's resident memory with the default model, idle
+# (measured with benchmarks/memory.py: 631-655 MB), and the gunicorn master's.
 IDLE_WORKER_BYTES = 700 * MiB
 MASTER_BYTES = 64 * MiB
-# The process group stays within 85% of the limit; and what a worker holds may exceed its budget's estimate by up
-# to 15% (allocator slack, Python's per-object overhead), measured with benchmarks/memory.py.
+# The server, page cache included, stays within 85% of the limit; and what a worker holds may exceed its budget's
+# estimate by up to 15% (allocator slack, Python's per-object overhead), measured with benchmarks/memory.py.
 HEADROOM = 0.15
 ESTIMATE_SLACK = 0.15
 # More than this per worker buys no throughput (the CPUs, not memory, bound a worker past it) and on a machine
 # without a cgroup limit would let one worker take memory other processes need.
 MAX_DEFAULT_BUDGET = 2 * GiB
+SIBLINGS_POLL_S = 0.1
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """What a memory cgroup holds, in bytes, as its own files report it (docs/security.md#memory-budget)."""
+    version: int  # 1 or 2
+    limit: int | None  # None: no limit
+    usage: int  # everything charged to it: its processes' memory, the page cache they read, kernel memory
+    working_set: int  # usage less the inactive file pages: what Kubernetes judges a pod by
+    file: int  # page cache charged to it: shared libraries, the model, Python's modules
+    failed_charges: int  # times the usage reached the limit (v1 memory.failcnt, v2 memory.events `max`)
+    oom_kills: int
+
+
+def _stat(path: Path) -> dict[str, int]:
+    """A flat-keyed cgroup file (memory.stat, memory.events, memory.oom_control) as a dict."""
+    return {key: int(value) for key, value in (line.split() for line in path.read_text().splitlines() if line)}
+
+
+def _limit(text: str) -> int | None:
+    """v2 says "max" for no limit, v1 a number near 2**63."""
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) < (1 << 60) else None
+
+
+def read_cgroup_v2(folder: str | Path) -> CgroupMemory:
+    """A v2 cgroup's memory (OSError or ValueError when its files are not there)."""
+    folder = Path(folder)
+    stat, events = _stat(folder / "memory.stat"), _stat(folder / "memory.events")
+    usage = int((folder / "memory.current").read_text())
+    return CgroupMemory(2, _limit((folder / "memory.max").read_text()), usage,
+                        max(0, usage - stat["inactive_file"]), stat["file"], events["max"], events["oom_kill"])
+
+
+def read_cgroup_v1(folder: str | Path) -> CgroupMemory:
+    """A v1 memory cgroup's memory, counting its descendants as v2 does (OSError or ValueError when its files are
+    not there)."""
+    folder = Path(folder)
+    stat = _stat(folder / "memory.stat")
+    usage = int((folder / "memory.usage_in_bytes").read_text())
+    return CgroupMemory(1, _limit((folder / "memory.limit_in_bytes").read_text()), usage,
+                        max(0, usage - stat["total_inactive_file"]), stat["total_cache"],
+                        int((folder / "memory.failcnt").read_text()),
+                        _stat(folder / "memory.oom_control").get("oom_kill", 0))
+
+
+def cgroup_memory(cgroup_root: str = CGROUP_ROOT) -> CgroupMemory | None:
+    """This process's memory cgroup, as a container sees its own (v2 at the root, v1 under `memory/`); None when
+    there is none to read."""
+    for read, folder in ((read_cgroup_v2, Path(cgroup_root)), (read_cgroup_v1, Path(cgroup_root, "memory"))):
+        try:
+            return read(folder)
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
 
 
 def available_memory(cgroup_root: str = CGROUP_ROOT) -> int:
     """Bytes this process may use: the cgroup limit when set, else physical memory."""
     for path in (Path(cgroup_root, "memory.max"), Path(cgroup_root, "memory", "memory.limit_in_bytes")):
         try:
-            text = path.read_text().strip()
+            limit = _limit(path.read_text())
         except OSError:
             continue
-        if text.isdigit() and int(text) < (1 << 60):  # v1 reports "no limit" as a huge number
-            return int(text)
+        if limit is not None:
+            return limit
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def default_memory_budget(memory: int, workers: int, floor: int) -> int:
-    """Bytes one worker may hold for requests: the limit less the headroom, the master and the idle workers, over
-    the workers and the estimate's slack; never less than `floor` (what one largest request needs)."""
-    usable = memory * (1 - HEADROOM) - MASTER_BYTES - workers * IDLE_WORKER_BYTES
+@dataclass(frozen=True)
+class Footprint:
+    """What the whole server (master and workers) holds before any request, against the bytes it may use."""
+    limit: int
+    held: int
+    cgroup: CgroupMemory | None = None  # the reading it was measured from; None: estimated from the constants
+
+    def fields(self) -> dict[str, object]:
+        """For the log line that gives the budget."""
+        if self.cgroup is None:
+            return {"source": "estimate", "limit_bytes": self.limit, "held_bytes": self.held}
+        c = self.cgroup
+        return {"source": f"cgroup v{c.version}", "limit_bytes": self.limit, "held_bytes": self.held,
+                "working_set_bytes": c.working_set, "file_bytes": c.file, "failed_charges": c.failed_charges}
+
+
+def estimated_footprint(memory: int, workers: int) -> Footprint:
+    """Where there is no cgroup limit: `memory` (physical) less the master and the idle workers' measured size."""
+    return Footprint(memory, MASTER_BYTES + workers * IDLE_WORKER_BYTES)
+
+
+def measured_footprint(cgroup: CgroupMemory) -> Footprint:
+    """Everything the cgroup is charged for (its usage: the working set and every file page) against its limit:
+    for the usage never to reach the limit, the page cache it holds, active or not, must fit under it too."""
+    if cgroup.limit is None:
+        raise ValueError("a cgroup without a memory limit has no footprint to budget against")
+    return Footprint(cgroup.limit, cgroup.usage, cgroup)
+
+
+def default_memory_budget(footprint: Footprint, workers: int, floor: int) -> int:
+    """Bytes one worker may hold for requests: the limit less the headroom and the footprint, over the workers and
+    the estimate's slack; never less than `floor` (what one largest request needs)."""
+    usable = footprint.limit * (1 - HEADROOM) - footprint.held
     per_worker = int(usable / max(1, workers) / (1 + ESTIMATE_SLACK))
     return max(min(per_worker, MAX_DEFAULT_BUDGET), floor)
+
+
+def fits(footprint: Footprint, workers: int, budget: int) -> bool:
+    """Whether the footprint and every worker's full budget (with the estimate's slack) stay within the limit less
+    the headroom: false only when the floor (one largest request) lifted the budget past what is left."""
+    return budget <= default_memory_budget(footprint, workers, 0)
+
+
+def log_budget(footprint: Footprint, workers: int, budget: int, pixels: int) -> None:
+    """The one line at start that gives the budget and the figures it comes from; a warning when the limit is too
+    small for the promise (the footprint, the headroom and one largest request per worker do not fit)."""
+    fields = {**footprint.fields(), "workers": workers, "memory_budget_bytes": budget, "max_inflight_pixels": pixels}
+    if fits(footprint, workers, budget):
+        logger.info("memory budget", extra={"fields": fields})
+    else:
+        logger.warning("memory budget: the memory limit leaves less than one largest request per worker once the "
+                       "headroom and the server's footprint are taken off; the server may exceed 85% of it",
+                       extra={"fields": fields})
+
+
+def footprint_after_load(workers: int, shared_dir: str | None,
+                         cgroup_root: str = CGROUP_ROOT) -> tuple[Footprint, bool] | None:
+    """The server's footprint in its cgroup, read once every worker has loaded its models (each worker calls it
+    then), and whether this process read it (and so logs it); None without a cgroup limit.
+
+    A lone worker reads it at once. Several workers (`shared_dir`, a folder they all see) read it once: each marks
+    itself loaded there and waits for the others, since a reading taken while a sibling still loads would miss
+    what that sibling will hold. The first to see them all loaded reads it and publishes it; the others take what
+    was published, and so does any worker gunicorn starts later in place of one that died (a reading then would
+    count its siblings' requests in flight)."""
+    if workers <= 1 or shared_dir is None:
+        return _with_limit(cgroup_memory(cgroup_root), True)
+    folder = Path(shared_dir, "memory")
+    folder.mkdir(exist_ok=True)
+    published = folder / "footprint.json"
+    (folder / f"loaded.{os.getpid()}").touch()
+    while not published.exists():
+        if sum(_alive(int(p.suffix[1:])) for p in folder.glob("loaded.*")) >= workers:
+            try:
+                os.close(os.open(folder / "reading", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass  # a sibling reads it: wait for what it publishes
+            else:
+                cgroup = cgroup_memory(cgroup_root)
+                staging = folder / f"footprint.{os.getpid()}.tmp"
+                staging.write_text(json.dumps(None if cgroup is None else asdict(cgroup)))
+                staging.replace(published)  # in one rename: no sibling reads half of it
+                return _with_limit(cgroup, True)
+        time.sleep(SIBLINGS_POLL_S)
+    reading = json.loads(published.read_text())
+    return _with_limit(None if reading is None else CgroupMemory(**reading), False)
+
+
+def _with_limit(cgroup: CgroupMemory | None, read_here: bool) -> tuple[Footprint, bool] | None:
+    return None if cgroup is None or cgroup.limit is None else (measured_footprint(cgroup), read_here)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def default_pixel_share(budget: int, max_image_pixels: int) -> int:

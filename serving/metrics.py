@@ -325,6 +325,9 @@ class Metrics:
         self.memory_held = Gauge(":petal:serving:memory_budget_held_bytes", "Bytes of the workers' memory "
                                  "budgets held by requests in flight, by kind (bodies, pixels).", ("kind",),
                                  registry, multiprocess_mode="livesum")
+        self.memory_budget = Gauge(":petal:serving:memory_budget_bytes", "Bytes of the workers' memory budgets, "
+                                   "by kind (bodies, pixels); absent until a budget measured after the models' "
+                                   "load is known.", ("kind",), registry, multiprocess_mode="livesum")
         self.load_latency = Histogram(":petal:serving:model_load_latency", "Wall time (in microseconds) to load "
                                       "and warm up a model version.", ("model_name",), LATENCY_BUCKETS_US, registry)
         self.loaded_versions = Gauge(":petal:serving:loaded_versions", "1 for each AVAILABLE model version.",
@@ -354,8 +357,9 @@ class Metrics:
         self._all: list[_Metric] = [
             self.request_count, self.request_latency, self.runtime_latency, self.queuing_latency,
             self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.memory_held,
-            self.load_latency, self.loaded_versions, self.warmup_requests, self.version_requests, self.version_queue,
-            self.version_compute, self.version_executions, self.version_inferences, self.version_last_inference]
+            self.memory_budget, self.load_latency, self.loaded_versions, self.warmup_requests, self.version_requests,
+            self.version_queue, self.version_compute, self.version_executions, self.version_inferences,
+            self.version_last_inference]
 
     def record_request(self, model: str, version: int, ok: bool, elapsed_us: float) -> None:
         """A request that reached a model version ended (the core calls this for every protocol)."""

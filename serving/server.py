@@ -25,7 +25,14 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from serving import metrics
-from serving.config import ProtocolOptions, ServerOptions, TLSOptions, bind_address, parse_args
+from serving.config import (
+    ProtocolOptions,
+    ServerOptions,
+    TLSOptions,
+    bind_address,
+    log_estimated_budget,
+    parse_args,
+)
 from serving.protocols.grpc_api import unix_socket
 
 if TYPE_CHECKING:  # TensorFlow comes with the core, and only the workers import it
@@ -61,7 +68,7 @@ class GrpcAfterLoad:
         try:
             if not self.core.draining():
                 self.server = grpc_server.start(self.core, self.options.protocols, self.options.security,
-                                                self.options.process.reload_dir)
+                                                self.options.process.runtime_dir)
         except Exception:  # a port in use, say: fail the way a worker that cannot boot does, stopping the server
             logger.exception("gRPC failed to start")
             os._exit(Arbiter.WORKER_BOOT_ERROR)
@@ -192,12 +199,13 @@ def main(argv: list[str]) -> int:
     if options.ineffective_flags:
         logger.warning("tensorflow_model_server flags that change nothing in Petal",
                        extra={"fields": {"flags": dict(options.ineffective_flags)}})
+    log_estimated_budget(options)
     if not dataplane.model_config_file and not os.path.isdir(dataplane.model_base_path):
         logger.warning("model base path does not exist yet; waiting for versions to appear",
                        extra={"fields": {"model_base_path": dataplane.model_base_path}})
     if protocols.grpc_socket_path:
         try:  # here, rather than in a worker once the models have loaded
-            unix_socket.check_free(protocols.grpc_socket_path)
+            unix_socket.check_path(protocols.grpc_socket_path)
         except OSError as error:
             print(f"petal serve: {error}", file=sys.stderr)
             return 2
@@ -213,8 +221,9 @@ def main(argv: list[str]) -> int:
     print(f"petal serve: {models}; REST on {rest}{grpc}; ready when /readyz answers 200{web_ui}",
           file=sys.stderr, flush=True)
     # Files only this server reads: the REST port's key pair, and what several workers share (a reload RPC's
-    # config, prometheus_client's per-process metrics). mkdtemp's folder is private (mode 0700).
-    runtime = tempfile.mkdtemp(prefix="petal-serve-")
+    # config, prometheus_client's per-process metrics, which worker serves --grpc_socket_path). mkdtemp's folder
+    # is private (mode 0700).
+    runtime = options.process.runtime_dir = tempfile.mkdtemp(prefix="petal-serve-")
     try:
         tls_files = None
         if security.tls:
@@ -231,9 +240,9 @@ def main(argv: list[str]) -> int:
             metrics.prepare_multiprocess(os.path.join(runtime, "metrics"))
         PetalApplication(options, tls_files).run()
     finally:
-        shutil.rmtree(runtime, ignore_errors=True)
         if protocols.grpc_socket_path:
-            unix_socket.remove_stale(protocols.grpc_socket_path)
+            unix_socket.release(protocols.grpc_socket_path, runtime)
+        shutil.rmtree(runtime, ignore_errors=True)
     return 0
 
 

@@ -5,6 +5,7 @@ worker's core later (gRPC, signal handlers) asks `current()`.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -15,7 +16,13 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config import ServerOptions, read_model_config
+from serving.config import (
+    ServerOptions,
+    budget_after_load,
+    measures_memory_budget,
+    read_model_config,
+    resolve_memory_budget,
+)
 from serving.core import DataPlane, ServingError
 from serving.cpus import available_cores
 
@@ -84,11 +91,18 @@ def create_core(options: ServerOptions, ports_to_open: int = 0) -> DataPlane:
 
     With several workers, a reload RPC reaches one of them; that worker applies it and publishes the config in
     --workers' shared directory, which every worker watches the way it watches --model_config_file.
+
+    A derived memory budget is, in a cgroup, measured once the initial load and warmup are over (what the server
+    then holds, page cache included, is known only then) and before the worker admits a request; until then the
+    budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/server.py logs it).
     """
     global _current
     _configure_tensorflow(options)
-    dataplane = options.dataplane
-    core = DataPlane.create(dataplane, ports_to_open, drain_seconds=options.process.graceful_timeout)
+    budget, pixels = resolve_memory_budget(options)
+    dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
+    measured = functools.partial(budget_after_load, options) if measures_memory_budget(options) else None
+    core = DataPlane.create(dataplane, ports_to_open, drain_seconds=options.process.graceful_timeout,
+                            budget_after_load=measured)
     watched: list[tuple[str, float, bytes]] = []
     if dataplane.model_config_file and dataplane.model_config_file_poll_wait_seconds > 0:
         watched.append((dataplane.model_config_file, dataplane.model_config_file_poll_wait_seconds,

@@ -1,51 +1,36 @@
 """SavedModels exported the way other people export them, built at test time: never shaped by Petal's code.
+TF Serving's own test models (half_plus_two and its kin) are tests/tf_serving_models.py.
 
-- `tf1_half_plus_two`: a TF1 graph (`tf.compat.v1.saved_model.Builder`) like TF Serving's own
-  `saved_model_half_plus_two` test model: Predict on `x`, Classify and Regress over serialized `tf.Example`s, an
-  asset read by a lookup table that the main op initialises, in zero-padded version folders (`00000123`).
+- `tf1_classifier`: a TF1 graph (`tf.compat.v1.saved_model.Builder`) of an Estimator-style classifier: serialized
+  `tf.Example`s parsed in the graph, class names from an asset read by a lookup table that the main op
+  initialises, a classify signature (classes and scores) and a predict one over the same tensors.
 - `tf2_module`: a `tf.Module` saved with `tf.saved_model.save`, several signatures, all with method name predict.
 - `keras_export`: a Keras 3 model written by `model.export()`.
 - `tflite_beside`: a `model.tflite` converted from the TF2 module, next to its SavedModel, for
   `--prefer_tflite_model`.
-
-Each version `i` of a TF1 model computes y = 0.5 * x + (2 + i), so a test can tell which version answered: the
-first version is TF Serving's half_plus_two (2.5, 3.0, 4.5 for 1, 2, 5) and the second half_plus_three.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.example import example_pb2
 from tensorflow_serving.apis import inference_pb2, input_pb2
 
-CLASS_NAMES = ("negative", "positive")  # the TF1 model's asset: the class of y < 3 and y >= 3
+CLASS_NAMES = ("negative", "positive")  # the TF1 classifier's asset: the class of 0.5 x + 2 < 3 and >= 3
 
 
-def tf1_half_plus_two(base: str, versions: tuple[str, ...] = ("00000123", "00000124")) -> str:
-    """TF1 SavedModels under `base/<version>` (folder names as given); returns `base`."""
-    for offset, version in enumerate(versions):
-        _tf1_version(os.path.join(base, version), 2.0 + offset)
-    return base
-
-
-def _tf1_version(path: str, intercept: float) -> None:
+def tf1_classifier(path: str) -> str:
+    """The TF1 SavedModel at `path` (a version folder): for each example's x, scores [1 - p, p] with
+    p = clip(0.5 x - 1, 0, 1) and the classes CLASS_NAMES. Returns `path`."""
     v1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default(), v1.Session(graph=graph) as session:
-        a = v1.Variable(0.5, name="a")
-        b = v1.Variable(intercept, name="b")
-        serialized = v1.placeholder(tf.string, name="tf_example")
-        features = v1.parse_example(serialized, {
-            "x": v1.FixedLenFeature([1], tf.float32),
-            "x2": v1.FixedLenFeature([1], tf.float32, default_value=[0.0])})
-        x = tf.identity(features["x"], name="x")
-        y = tf.add(a * x, b, name="y")
-        y2 = tf.add(a * x, 3.0, name="y2")  # half_plus_three on x
-        y3 = tf.add(a * features["x2"], 3.0, name="y3")
-        vocab = os.path.join(os.path.dirname(path), f".vocab-{os.path.basename(path)}.txt")
-        os.makedirs(os.path.dirname(vocab), exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch, tf.Graph().as_default() as graph, \
+            v1.Session(graph=graph) as session:
+        serialized = v1.placeholder(tf.string, shape=[None], name="input_example_tensor")
+        x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
+        vocab = os.path.join(scratch, "classes.txt")
         with open(vocab, "w") as f:
             f.write("\n".join(CLASS_NAMES) + "\n")
         vocab_tensor = tf.constant(vocab, name="vocab_path")
@@ -53,29 +38,19 @@ def _tf1_version(path: str, intercept: float) -> None:
         table = v1.lookup.StaticHashTable(
             v1.lookup.TextFileInitializer(vocab_tensor, tf.int64, v1.lookup.TextFileIndex.LINE_NUMBER,
                                           tf.string, v1.lookup.TextFileIndex.WHOLE_LINE), "")
-        # Classes and scores per example: [negative, positive] with scores [3 - y, y - 3] clipped to [0, 1].
-        positive = tf.clip_by_value(y - 3.0, 0.0, 1.0)
+        positive = tf.clip_by_value(0.5 * x - 1.0, 0.0, 1.0)
         scores = tf.concat([1.0 - positive, positive], axis=1, name="scores")
-        ids = tf.tile(tf.constant([[0, 1]], tf.int64), [tf.shape(y)[0], 1])
-        classes = tf.identity(table.lookup(ids), name="classes")
-        session.run(v1.global_variables_initializer())
+        classes = tf.identity(table.lookup(tf.tile(tf.constant([[0, 1]], tf.int64), [tf.shape(x)[0], 1])),
+                              name="classes")
         sig = v1.saved_model.signature_def_utils
-        signatures = {
-            "serving_default": sig.predict_signature_def({"x": x}, {"y": y}),
-            "predict_x_to_y2": sig.predict_signature_def({"x": x}, {"y": y2}),
-            "classify_x_to_y": sig.classification_signature_def(serialized, None, y),
-            "classify_x_to_classes": sig.classification_signature_def(serialized, classes, scores),
-            "regress_x_to_y": sig.regression_signature_def(serialized, y),
-            "regress_x_to_y2": sig.regression_signature_def(serialized, y2),
-            "regress_x2_to_y3": sig.regression_signature_def(serialized, y3),
-        }
         builder = v1.saved_model.Builder(path)
         builder.add_meta_graph_and_variables(
-            session, [v1.saved_model.tag_constants.SERVING], signature_def_map=signatures,
-            assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS),
-            main_op=v1.tables_initializer(), strip_default_attrs=True)
+            session, [v1.saved_model.tag_constants.SERVING], signature_def_map={
+                "serving_default": sig.classification_signature_def(serialized, classes, scores),
+                "predict": sig.predict_signature_def({"examples": serialized}, {"classes": classes, "scores": scores})},
+            assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS), main_op=v1.tables_initializer())
         builder.save()
-    os.remove(vocab)
+    return path
 
 
 class _Module(tf.Module):

@@ -5,6 +5,8 @@ oldest ready queue's head, merge up to `max_batch_size` rows, pad to the next `a
 run them in one signature call. With `batch_timeout_micros` 0 (TF Serving's CPU advice) batches form only from
 what queued while the threads were busy, so a lone request never waits, and a loaded server batches itself.
 A batch that fails with INVALID_ARGUMENT is re-run request by request, so one bad image fails only its own request.
+Which signatures batch is decided when a version loads (serving/core/batchable.py); a model whose outputs still do
+not follow the batch (its declared shapes said they would) has that batch, and its later requests, run one by one.
 """
 from __future__ import annotations
 
@@ -81,14 +83,25 @@ class _Task:
 
 
 class _Queue:
-    __slots__ = ("model_name", "version", "run", "tasks", "rows")
+    __slots__ = ("key", "model_name", "version", "run", "tasks", "rows")
 
-    def __init__(self, model_name: str, version: int, run: RunFn):
+    def __init__(self, key: Hashable, model_name: str, version: int, run: RunFn):
+        self.key = key
         self.model_name = model_name
         self.version = version
         self.run = run
         self.tasks: collections.deque[_Task] = collections.deque()
         self.rows = 0
+
+
+def _bug(error: Exception, queue: _Queue) -> ServingError:
+    """A bug must fail its requests, never hang them; it is logged with its traceback (call it in `except`)."""
+    logger.exception("batch failed", extra={"fields": {"model": queue.model_name}})
+    return ServingError(Code.INTERNAL, f"Batch failed: {error}")
+
+
+class _NotBatched(Exception):
+    """A batch's outputs that do not follow it along dimension 0."""
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
@@ -114,6 +127,7 @@ class Batcher:
         self._metrics = metrics
         self._cond = threading.Condition()
         self._queues: dict[Hashable, _Queue] = {}
+        self._unbatched: set[Hashable] = set()  # keys whose model answered a batch with outputs not batched
         self._closed = False
         self._threads = []
         if enabled:
@@ -133,7 +147,7 @@ class Batcher:
         inputs with batching off, run alone as one inference, within the same deadline and pixel budget.
         """
         row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
-        if not (self.enabled and batchable):
+        if not (self.enabled and batchable) or key in self._unbatched:
             return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
                               int(row_pixels.sum()), version)  # one inference: the model does not batch
         if deadline is not None and time.monotonic() >= deadline:
@@ -186,7 +200,7 @@ class Batcher:
                 raise unavailable("The server is shutting down")
             queue = self._queues.get(key)
             if queue is None:
-                queue = self._queues[key] = _Queue(model_name, version, fn)
+                queue = self._queues[key] = _Queue(key, model_name, version, fn)
             if queue.rows + rows > max(capacity, rows if not queue.tasks else 0):
                 self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
                 raise unavailable("The batch scheduling queue to which this task was submitted "
@@ -266,6 +280,9 @@ class Batcher:
     def _execute(self, queue: _Queue, tasks: list[_Task]) -> None:
         try:
             outputs = self._run_batch(queue, tasks)
+        except _NotBatched as error:
+            self._run_alone(queue, tasks, str(error))
+            return
         except ServingError as error:
             if error.code == "INVALID_ARGUMENT" and len(tasks) > 1:
                 for task in tasks:
@@ -275,10 +292,10 @@ class Batcher:
                 task.error = error
                 task.done.set()
             return
-        except Exception as error:  # a bug must fail its requests, never hang them
-            logger.exception("batch failed", extra={"fields": {"model": queue.model_name}})
+        except Exception as error:
+            failure = _bug(error, queue)
             for task in tasks:
-                task.error = ServingError(Code.INTERNAL, f"Batch failed: {error}")
+                task.error = failure
                 task.done.set()
             return
         offset = 0
@@ -303,9 +320,27 @@ class Batcher:
                        sum(t.pixels for t in tasks), None, (queue.version, [t.queued_us for t in tasks], rows, padded))
         for name, value in outputs.items():
             if value.ndim == 0 or value.shape[0] != padded:
-                raise ServingError(Code.INTERNAL, f"Output {name} has shape {list(value.shape)}, which is not "
-                                   f"batched along the first dimension (batch of {padded})")
+                raise _NotBatched(f"output {name} has shape {list(value.shape)} for a batch of {padded}")
         return outputs
+
+    def _run_alone(self, queue: _Queue, tasks: list[_Task], reason: str) -> None:
+        """Each task of a batch whose outputs did not follow it, as one inference of its own; the queue's later
+        requests skip the batch threads altogether."""
+        with self._cond:
+            first = queue.key not in self._unbatched
+            self._unbatched.add(queue.key)
+        if first:
+            logger.warning("outputs not batched along dimension 0: the signature runs unbatched from now on",
+                           extra={"fields": {"model": queue.model_name, "version": queue.version, "reason": reason}})
+        for task in tasks:
+            try:
+                task.outputs = _run(queue.run, task.inputs, self._metrics, queue.model_name, [task.api], self.budget,
+                                    task.pixels, None, (queue.version, [task.queued_us], 1, 1))
+            except ServingError as error:
+                task.error = error
+            except Exception as error:
+                task.error = _bug(error, queue)
+            task.done.set()
 
     def _merge(self, arrays: list[np.ndarray]) -> np.ndarray:
         shapes = {a.shape[1:] for a in arrays}

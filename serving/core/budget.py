@@ -15,6 +15,11 @@ colour: 0.56 MB sent, 108 MB decoded), so the two are budgeted apart, within one
 Bodies never wait on pixels and the pixels' share is never lent to bodies, so an admitted request can always
 decode its images and finish: the budget can be full but never deadlocked, and what a worker holds for requests
 stays within the limit.
+
+A derived budget is measured once the worker's models have loaded (serving/memory.py); until it is `settle`d the
+budget is pending and refuses every body (UNAVAILABLE), so that nothing is admitted against a limit not yet known.
+Only a request that arrives while the worker loads can see that: the REST model APIs wait for the load first,
+and gRPC opens after it.
 """
 from __future__ import annotations
 
@@ -31,20 +36,34 @@ class MemoryBudget:
     that part is not budgeted).
 
     Safe to call from any thread; nothing here blocks but `acquire`, which only batch and inference threads call.
-    With `metrics`, what is held is exported (:petal:serving:memory_budget_held_bytes).
+    With `metrics`, the limits and what is held are exported (:petal:serving:memory_budget_bytes,
+    :petal:serving:memory_budget_held_bytes).
     """
 
-    def __init__(self, limit: int, pixel_limit: int, metrics: Metrics | None = None):
-        self.limit = limit
-        self.pixel_limit = pixel_limit
-        self.body_limit = limit - max(0, pixel_limit) * BYTES_PER_PIXEL if limit > 0 else 0
-        if limit > 0 and self.body_limit <= 0:
-            raise ValueError(f"a budget of {limit} bytes leaves nothing for request bodies after "
-                             f"{pixel_limit} pixels")
+    def __init__(self, limit: int, pixel_limit: int, metrics: Metrics | None = None, pending: bool = False):
+        self._metrics = metrics
+        self._pending = pending
+        self._set_limits(limit, pixel_limit)
         self._bodies = 0
         self._pixels = 0
         self._cond = threading.Condition()
-        self._metrics = metrics
+
+    def _set_limits(self, limit: int, pixel_limit: int) -> None:
+        body_limit = limit - max(0, pixel_limit) * BYTES_PER_PIXEL if limit > 0 else 0
+        if limit > 0 and body_limit <= 0:
+            raise ValueError(f"a budget of {limit} bytes leaves nothing for request bodies after "
+                             f"{pixel_limit} pixels")
+        self.limit, self.pixel_limit, self.body_limit = limit, pixel_limit, body_limit
+        if self._metrics is not None and limit > 0 and not self._pending:
+            self._metrics.memory_budget.set(body_limit, kind="bodies")
+            self._metrics.memory_budget.set(limit - body_limit, kind="pixels")
+
+    def settle(self, limit: int, pixel_limit: int) -> None:
+        """The limits measured once the worker has loaded; bodies are admitted from now on."""
+        with self._cond:
+            self._pending = False
+            self._set_limits(limit, pixel_limit)
+            self._cond.notify_all()  # a TF call waiting for pixels may fit the new share
 
     @property
     def held(self) -> int:
@@ -64,6 +83,9 @@ class MemoryBudget:
         """Take `nbytes` more for a request that will then hold `total`."""
         if self.limit <= 0 or nbytes <= 0:
             return
+        if self._pending:
+            raise unavailable("This worker's memory budget (--memory_budget_bytes) is measured once its models "
+                              "have loaded; retry shortly")
         if total > self.body_limit:
             raise ServingError(Code.RESOURCE_EXHAUSTED,
                                f"The request needs about {total} bytes of memory, more than this worker's memory "

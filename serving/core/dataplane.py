@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import threading
 import time
@@ -29,6 +30,8 @@ from serving.core.repository import Repository, VersionState, VersionStatus
 from serving.core.servable import Servable
 from serving.core.startup import Startup
 from serving.metrics import Metrics, VersionStatistics
+
+logger = logging.getLogger(__name__)
 
 IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -135,6 +138,10 @@ class DataPlane:
     # Set by the worker when several processes serve: hands a reloaded config to the others.
     publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
+    # The memory budget's limits once the initial load is over, when they are measured then (serving/worker.py):
+    # called once, by whoever sees the load end first, before the startup gate opens.
+    budget_after_load: Callable[[], tuple[int, int]] | None = None
+    _settling: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- inference ---------------------------------------------------------------------------------------------
 
@@ -233,20 +240,21 @@ class DataPlane:
     def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: Mapping[str, object],
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
         """Validate the inputs of one signature and run them, batched with other requests when they can be."""
-        arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes)
+        arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched)
         size = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
         return self.batcher.run((servable.model, servable.version, key), servable.model,
                                 functools.partial(servable.run, key), arrays, size, deadline, api, pixels,
                                 servable.version, batchable=batched)
 
-    def _validate(self, info: SignatureInfo, inputs: Mapping[str, object],
-                  static_shapes: bool = True) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
-        """The inputs as arrays, whether they are batched, and the decoded pixels of each row (of the whole
-        request when not batched), which the worker's pixel budget counts.
+    def _validate(self, info: SignatureInfo, inputs: Mapping[str, object], static_shapes: bool = True,
+                  signature_batches: bool = False) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
+        """The inputs as arrays, whether they batch, and the decoded pixels of each row (of the whole request when
+        they do not), which the worker's pixel budget counts.
 
-        Inputs batch, as in TF Serving's batching session, when the signature lets dimension 0 vary (-1 or an
-        unknown rank) and every input has one; with batching on, inputs that then differ in it are refused with
-        TF Serving's message. An input the request leaves out takes the signature's default, if it has one."""
+        Inputs batch when their signature does (`signature_batches`, decided at load: serving/core/batchable.py)
+        and they share a dimension 0; a request with a scalar, or with inputs of uneven dimension 0, runs alone, as
+        TF Serving runs every request without --enable_batching. An input the request leaves out takes the
+        signature's default, if it has one."""
         inputs = {**{k: v for k, v in info.default_arrays.items() if k not in inputs}, **inputs}
         missing = sorted(set(info.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(info.inputs))
@@ -255,17 +263,9 @@ class DataPlane:
         arrays = {name: coerce(name, inputs[name], info.inputs[name], static_shapes) for name in info.inputs}
         pixels = [images.check_pixels(array, self.options.max_image_pixels)
                   for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
-        batched = bool(arrays) and (not static_shapes or all(t.shape is None or (t.shape and t.shape[0] == -1)
-                                                              for t in info.inputs.values()))
-        scalar = any(a.ndim == 0 for a in arrays.values())
-        uneven = not scalar and len({a.shape[0] for a in arrays.values()}) > 1
-        if batched and self.batcher.enabled:
-            if scalar:
-                raise invalid("Batching Run() input tensors must have at least one dimension")
-            if uneven:
-                raise invalid("Batching Run() input tensors must have equal 0th-dimension size, got "
-                              + ", ".join(f"{k}: {a.shape[0]}" for k, a in sorted(arrays.items())))
-        if not batched or scalar or uneven:
+        batched = signature_batches and bool(arrays) and all(a.ndim > 0 for a in arrays.values()) and len(
+            {a.shape[0] for a in arrays.values()}) == 1
+        if not batched:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
         rows = next(iter(arrays.values())).shape[0]
         per_row = (p.reshape(rows, math.prod(p.shape[1:])).sum(axis=1) for p in pixels)  # rows may be 0
@@ -322,8 +322,18 @@ class DataPlane:
             return []
 
     def wait_loaded(self) -> None:
-        """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
+        """Block until the startup pass has loaded, warmed or failed every version it aspired to, and the memory
+        budget is settled."""
         self.repository.wait_first_pass()
+        with self._settling:
+            measure, self.budget_after_load = self.budget_after_load, None
+            if measure is not None:
+                try:
+                    limits = measure()
+                except Exception:  # an unreadable cgroup must not leave the budget refusing every request
+                    logger.exception("memory budget not measured; keeping the estimate")
+                    limits = self.memory.limit, self.memory.pixel_limit
+                self.memory.settle(*limits)
         self.startup.loaded()
 
     def wait_started(self, deadline: float | None = None) -> bool:
@@ -352,20 +362,24 @@ class DataPlane:
 
     @classmethod
     def create(cls, options: DataPlaneOptions, ports_to_open: int = 0,
-               drain_seconds: float = ProcessOptions.graceful_timeout) -> DataPlane:
+               drain_seconds: float = ProcessOptions.graceful_timeout,
+               budget_after_load: Callable[[], tuple[int, int]] | None = None) -> DataPlane:
         """A core for these options, its models loading in the background (readiness reports progress). It has
         started once they have loaded and the caller has told `core.startup` of each port it opened. An unloaded
-        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish."""
+        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish. With `budget_after_load`
+        the memory budget's limits are what it returns once the load is over; until then it admits no body."""
         metrics = Metrics()
-        memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics)
+        memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics,
+                              pending=budget_after_load is not None)
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
         repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
                                 warmup=options.enable_model_warmup, on_unload=batcher.forget,
                                 drain_seconds=drain_seconds,
                                 load_options=LoadOptions.from_flags(options.saved_model_tags,
-                                                                    options.prefer_tflite_model))
+                                                                    options.prefer_tflite_model,
+                                                                    options.enable_batching))
         core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
-                   startup=Startup(ports_to_open))
+                   startup=Startup(ports_to_open), budget_after_load=budget_after_load)
         repository.start()
         threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()
         return core

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import error_codes_pb2
+from tensorflow.core.protobuf import config_pb2, error_codes_pb2
 
 from exported_models import model_format
 from exported_models.model_format import SignatureInfo
@@ -34,12 +34,13 @@ DEFAULT_TAGS = frozenset({"serve"})
 class LoadOptions:
     tags: frozenset[str] = DEFAULT_TAGS
     prefer_tflite: bool = False
+    batching: bool = False  # decide at load which signatures batch (serving/core/batchable.py)
 
     @classmethod
-    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool) -> LoadOptions:
+    def from_flags(cls, saved_model_tags: str, prefer_tflite_model: bool, enable_batching: bool = False) -> LoadOptions:
         """--saved_model_tags is comma-separated, empty parts skipped; none at all means "serve", as in TF Serving."""
         tags = frozenset(tag.strip() for tag in saved_model_tags.split(",") if tag.strip())
-        return cls(tags or DEFAULT_TAGS, prefer_tflite_model)
+        return cls(tags or DEFAULT_TAGS, prefer_tflite_model, enable_batching)
 
 
 class Loaded(Protocol):
@@ -103,8 +104,10 @@ class SessionModel:
 
     The Session takes its thread counts from TensorFlow's context, which serving/worker.py sets for TF2 models
     too, and runs on the inter-op pool that every Session shares, which serving/worker.py starts niced. Each
-    (signature, outputs) pair gets one callable: `make_callable` feeds by tensor name and skips Python's
-    feed-shape check, which TF Serving does not have either.
+    (signature, outputs) pair gets one callable of the C++ Session (`Session::MakeCallable` from CallableOptions
+    that name the feed and fetch tensors), which feeds by tensor name as TF Serving's `Session::Run` does: a fed
+    value replaces its tensor whatever the tensor's static shape, and only the graph's own ops check shapes.
+    `Session.make_callable` would not do: given feeds, it goes through `Session.run` and its Python feed checks.
     """
     format = "saved_model_session"
     static_shapes = False
@@ -113,7 +116,7 @@ class SessionModel:
         self._session = tf.compat.v1.Session(graph=tf.Graph())
         graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
         self.signatures = model_format.signature_infos(graph)
-        self._callables: dict[tuple[str, tuple[str, ...]], object] = {}
+        self._callables: dict[tuple[str, tuple[str, ...]], Callable[..., list[np.ndarray]]] = {}
         self._lock = threading.Lock()
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
@@ -126,7 +129,7 @@ class SessionModel:
             values = self._callable(key, tuple(output_names))(*(inputs[name] for name in feeds))
         return dict(zip(output_names, values, strict=True))
 
-    def _callable(self, key: str, output_names: tuple[str, ...]):
+    def _callable(self, key: str, output_names: tuple[str, ...]) -> Callable[..., list[np.ndarray]]:
         run = self._callables.get((key, output_names))  # built once: later requests take it without the lock
         if run is not None:
             return run
@@ -134,7 +137,9 @@ class SessionModel:
             run = self._callables.get((key, output_names))
             if run is None:
                 info = self.signatures[key]
-                run = self._session.make_callable([info.outputs[name].name for name in output_names],
-                                                  feed_list=[info.inputs[name].name for name in sorted(info.inputs)])
+                options = config_pb2.CallableOptions(
+                    feed=[info.inputs[name].name for name in sorted(info.inputs)],
+                    fetch=[info.outputs[name].name for name in output_names])
+                run = self._session._make_callable_from_options(options)  # the C API's callable; no public name
                 self._callables[(key, output_names)] = run
             return run

@@ -6,21 +6,28 @@ TFLite), and this class is the same whichever it is.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 import numpy as np
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core import examples
+from serving.core.batchable import unbatched_reason
 from serving.core.errors import invalid
 from serving.core.loaders import LoadOptions, load
 from serving.metrics import Metrics
+
+logger = logging.getLogger(__name__)
 
 
 class Servable:
     """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish.
 
     `static_shapes` says whether running checks the signature's shapes itself (TF2 functions do); where it is
-    False (a Session, TFLite) only the model's own ops check them, as in TF Serving.
+    False (a Session, TFLite) only the model's own ops check them, as in TF Serving. `batched` holds the signatures
+    the batcher may merge (serving/core/batchable.py), decided at load when batching is on.
     """
 
     def __init__(self, model: str, version: int, path: str, options: LoadOptions = LoadOptions()):
@@ -33,6 +40,15 @@ class Servable:
         self.static_shapes = self._loaded.static_shapes
         self.labels = model_format.version_labels(path)
         self.refs = 0
+        self.batched = self._batched_signatures() if options.batching else frozenset()
+
+    def _batched_signatures(self) -> frozenset[str]:
+        unbatched = {key: reason for key, info in sorted(self.signatures.items())
+                     if (reason := unbatched_reason(info, functools.partial(self.run, key))) is not None}
+        if unbatched:
+            logger.warning("signatures that run unbatched, one inference per request",
+                           extra={"fields": {"model": self.model, "version": self.version, "signatures": unbatched}})
+        return frozenset(self.signatures) - set(unbatched)
 
     def signature(self, name: str) -> tuple[str, SignatureInfo]:
         key = name or DEFAULT_SIGNATURE

@@ -1,6 +1,7 @@
 """`petal batch` on SavedModels exported elsewhere: Predict on JSON lines, Classify and Regress on tf.Examples.
 
-The models are tests/foreign_models.py's TF1 half_plus_two graph (y = 0.5 x + 2) and TF2 tf.Module. Each job mixes
+The models are TF Serving's TF1 half_plus_two graph (tests/tf_serving_models.py: y = 0.5 x + 2) and
+tests/foreign_models.py's TF2 tf.Module. Each job mixes
 corrupt records into good ones and checks that every record comes out once, as a result or an error, and that the
 answers are the ones a real `petal serve` gives over REST for the same records. Beam runs on the in-process
 DirectRunner; Spark on `local[1]`.
@@ -18,9 +19,10 @@ import tensorflow as tf
 from test_batch_prediction_beam import read_output, run_job
 from test_batch_prediction_spark import spark_env
 
-from foreign_models import CLASS_NAMES, example, tf1_half_plus_two, tf2_module
+from foreign_models import example, tf2_module
 from server_harness import ROOT, run_server
 from serving.batch_prediction import job as batch_job
+from tf_serving_models import half_plus_two
 
 BATCH = 4
 XS = [float(x) for x in (1, 2, 3, 5, 8, 10, -4, 0.5, 2.25)]  # 9 good rows: two full batches and a padded one
@@ -29,7 +31,7 @@ XS = [float(x) for x in (1, 2, 3, 5, 8, 10, -4, 0.5, 2.25)]  # 9 good rows: two 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("foreign-batch")
-    tf1_half_plus_two(str(root / "tf1"), versions=("00000123",))
+    half_plus_two(str(root / "tf1" / "00000123"))
     tf2_module(str(root / "tf2"))
     return {"tf1": str(root / "tf1"), "tf2": str(root / "tf2")}
 
@@ -119,12 +121,11 @@ def test_tf1_classify_on_tfrecords_answers_as_rest_classify(models, server, tmp_
     records, rest_examples = tf1_example_records()
     pattern = write_tfrecord(tmp_path / "examples.tfrecord", records)
     summary, results, errors = beam(capsys, models["tf1"], pattern, tmp_path / "out",
-                                    "--signature_name", "classify_x_to_classes")
-    expected = rest(server, "tf1", "classify", {"signature_name": "classify_x_to_classes",
+                                    "--signature_name", "classify_x_to_y")
+    expected = rest(server, "tf1", "classify", {"signature_name": "classify_x_to_y",
                                                 "examples": rest_examples})["results"]
     assert {key: row["result"] for key, row in results.items()} == {f"e{i}": r for i, r in enumerate(expected)}
-    negative, positive = CLASS_NAMES
-    assert results["e0"]["result"] == [[negative, 1.0], [positive, 0.0]]  # y = 2.5
+    assert results["e0"]["result"] == [["", 2.5]]  # scores only: no class names
     assert set(errors) == {f"{pattern}:4", "no-x"}
     assert "not a serialized tf.train.Example" in errors[f"{pattern}:4"]["error"]["message"]
     assert errors["no-x"]["error"]["status"] == "INVALID_ARGUMENT" and "x" in errors["no-x"]["error"]["message"]
@@ -180,11 +181,11 @@ def test_spark_local_1_classifies_tfrecords_as_the_beam_job(models, tmp_path, ca
     records, _ = tf1_example_records()
     pattern = write_tfrecord(tmp_path / "examples.tfrecord", records)
     _, beam_results, beam_errors = beam(capsys, models["tf1"], pattern, tmp_path / "beam",
-                                        "--signature_name", "classify_x_to_classes")
+                                        "--signature_name", "classify_x_to_y")
     output = tmp_path / "spark"
     done = subprocess.run([sys.executable, "-m", "petal", "batch", "--engine=spark", "--spark_master", "local[1]",
                            "--model_dir", models["tf1"], "--input", pattern, "--output_dir", str(output),
-                           "--batch_size", str(BATCH), "--signature_name", "classify_x_to_classes"],
+                           "--batch_size", str(BATCH), "--signature_name", "classify_x_to_y"],
                           capture_output=True, text=True, cwd=ROOT, env=spark_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

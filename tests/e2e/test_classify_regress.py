@@ -1,8 +1,9 @@
 """Classify, Regress and MultiInference on SavedModels exported elsewhere, against TF Serving's documented answers.
 
-The TF1 graph of tests/foreign_models.py is TF Serving's half_plus_two (y = 0.5 x + 2, y2 = 0.5 x + 3), and the
-TF2 tf.Module has classify and regress signatures whose method name is "predict", as `tf.saved_model.save` writes
-them. One `petal serve` serves both over REST and gRPC, with batching on. The tf.Example conversion's own checks
+The TF1 graph is TF Serving's half_plus_two as its generator builds it (tests/tf_serving_models.py: y = 0.5 x + 2,
+y2 = 0.5 x + 3), the TF1 classifier (tests/foreign_models.py) answers class names from an asset, and the TF2
+tf.Module has classify and regress signatures whose method name is "predict", as `tf.saved_model.save` writes
+them. One `petal serve` serves the three over REST and gRPC, with batching on. The tf.Example conversion's own checks
 are tests/unit/test_tf_example_json.py, and the warmup records tests/inprocess/test_example_requests.py.
 """
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 import requests
 from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc, regression_pb2
 
-from foreign_models import CLASS_NAMES, example, examples_input, multi_request, tf1_half_plus_two, tf2_module
+from foreign_models import CLASS_NAMES, example, examples_input, multi_request, tf1_classifier, tf2_module
 from server_harness import run_server
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD
+from tf_serving_models import half_plus_two
 
 BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
 
@@ -26,14 +28,17 @@ BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The TF1 model in a zero-padded version folder and the TF2 module, with a
-    50 ms batch window and one batch thread, so concurrent requests merge."""
+    """The TF1 models in zero-padded version folders and the TF2 module, with a 50 ms batch window and one batch
+    thread, so concurrent requests merge."""
     root = tmp_path_factory.mktemp("foreign")
-    tf1_half_plus_two(str(root / "tf1"), versions=("00000123",))
+    half_plus_two(str(root / "tf1" / "00000123"))
+    tf1_classifier(str(root / "classifier" / "00000001"))
     tf2_module(str(root / "tf2"))
     config = root / "models.config"
     config.write_text("model_config_list { "
                       f'config {{ name: "half_plus_two" base_path: "{root / "tf1"}" model_platform: "tensorflow" }} '
+                      f'config {{ name: "classifier" base_path: "{root / "classifier"}" '
+                      'model_platform: "tensorflow" } '
                       f'config {{ name: "module" base_path: "{root / "tf2"}" model_platform: "tensorflow" }} }}')
     batching = root / "batching.config"
     batching.write_text("max_batch_size { value: 32 } batch_timeout_micros { value: 50000 } "
@@ -69,9 +74,9 @@ def test_rest_classify_with_scores_only_answers_empty_labels(server):
 
 
 def test_rest_classify_with_classes_and_scores(server):
-    body = {"signature_name": "classify_x_to_classes", "examples": [{"x": 2.0}, {"x": 3.0}, {"x": 10.0}]}
+    body = {"examples": [{"x": 2.0}, {"x": 3.0}, {"x": 10.0}]}
     negative, positive = CLASS_NAMES
-    assert ok(rest(server, "half_plus_two", "classify", body)) == {"results": [
+    assert ok(rest(server, "classifier", "classify", body)) == {"results": [
         [[negative, 1.0], [positive, 0.0]], [[negative, 0.5], [positive, 0.5]], [[negative, 0.0], [positive, 1.0]]]}
 
 
@@ -84,10 +89,10 @@ def test_rest_regress_gives_tf_servings_documented_answer(server):
 
 
 def test_rest_context_is_merged_into_every_example(server):
-    """y3 = 0.5 x2 + 3: the first example takes x2 from the context, the second overrides it."""
-    body = {"signature_name": "regress_x2_to_y3", "context": {"x": 1.0, "x2": 4.0},
-            "examples": [{"x": 2.0}, {"x2": 10.0}]}
-    assert ok(rest(server, "half_plus_two", "regress", body)) == {"results": [5.0, 8.0]}
+    """y = 0.5 x + 2: the first example takes x from the context, the second overrides it."""
+    body = {"signature_name": "regress_x_to_y", "context": {"x": 1.0, "x2": 4.0},
+            "examples": [{"x2": 10.0}, {"x": 2.0}]}
+    assert ok(rest(server, "half_plus_two", "regress", body)) == {"results": [2.5, 3.0]}
 
 
 def test_rest_tf2_signatures_with_the_predict_method_classify_and_regress(server):
@@ -102,8 +107,7 @@ def test_rest_tf2_signatures_with_the_predict_method_classify_and_regress(server
     ("half_plus_two", "regress", {"examples": [{"x": 1.0}]}, 400,
      "No regression inputs found in SignatureDef: inputs ['x'], outputs ['y'], method_name "
      "'tensorflow/serving/predict'"),
-    ("half_plus_two", "regress", {"signature_name": "classify_x_to_classes", "examples": [{"x": 1.0}]}, 400,
-     "Expected one output Tensor."),
+    ("classifier", "regress", {"examples": [{"x": 1.0}]}, 400, "Expected one output Tensor."),
     ("half_plus_two", "classify", {"signature_name": "nope", "examples": [{"x": 1.0}]}, 400,
      "No signature was found with the name: nope"),
     ("half_plus_two", "classify", {"signature_name": "classify_x_to_y", "examples": []}, 400,
@@ -120,23 +124,22 @@ def test_rest_errors(server, model, verb, body, status, message):
 
 def test_grpc_classify_with_the_stock_stub(stub):
     request = classification_pb2.ClassificationRequest(input=examples_input(example(x=2.0), example(x=3.0)))
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.signature_name = "classify_x_to_classes"
+    request.model_spec.name = "classifier"
     response = stub.Classify(request, timeout=60)
-    assert response.model_spec.name == "half_plus_two" and response.model_spec.version.value == 123
-    assert response.model_spec.signature_name == "classify_x_to_classes"
+    assert response.model_spec.name == "classifier" and response.model_spec.version.value == 1
+    assert response.model_spec.signature_name == "serving_default"
     assert [[(c.label, c.score) for c in row.classes] for row in response.result.classifications] == [
         [("negative", 1.0), ("positive", 0.0)], [("negative", 0.5), ("positive", 0.5)]]
 
 
 def test_grpc_regress_with_context(stub):
-    request = regression_pb2.RegressionRequest(input=examples_input(example(x=2.0), example(x2=10.0),
+    request = regression_pb2.RegressionRequest(input=examples_input(example(x2=10.0), example(x=2.0),
                                                                     context=example(x=1.0, x2=4.0)))
     request.model_spec.name = "half_plus_two"
-    request.model_spec.signature_name = "regress_x2_to_y3"
+    request.model_spec.signature_name = "regress_x_to_y2"
     response = stub.Regress(request, timeout=60)
-    assert [r.value for r in response.result.regressions] == [5.0, 8.0]
-    assert response.model_spec.signature_name == "regress_x2_to_y3"
+    assert [r.value for r in response.result.regressions] == [3.5, 4.0]
+    assert response.model_spec.signature_name == "regress_x_to_y2"
 
 
 def test_grpc_multi_inference_runs_every_task_on_the_same_examples(stub):

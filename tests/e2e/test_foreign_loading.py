@@ -1,7 +1,8 @@
 """SavedModels that Petal did not write, served as TF Serving serves them: versions found in zero-padded folders, a
 TF1 graph in a Session (its asset and main op included), a tf.Module and a Keras export through their functions,
 and a model.tflite through the TFLite interpreter with --prefer_tflite_model. Real `petal serve`, real REST and
-gRPC with TF Serving's own stubs, models built by tests/foreign_models.py at test time. Version discovery on its own is
+gRPC with TF Serving's own stubs, models built by tests/tf_serving_models.py (TF Serving's half_plus_two in its
+2-versions layout) and tests/foreign_models.py at test time. Version discovery on its own is
 tests/unit/test_version_folders.py, and the Servables loaded in process tests/inprocess/test_foreign_servables.py."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tensorflow_serving.apis import (
 )
 
 import foreign_models
+import tf_serving_models
 from exported_models import model_format
 from exported_models.model_format import WarmupRequest
 from server_harness import copy_model, jpeg, run_server, tiny_model_base
@@ -51,14 +53,17 @@ def write_warmup(version_dir: str, inputs: dict[str, np.ndarray]) -> None:
 def models(tmp_path_factory) -> dict[str, str]:
     """Base paths by model name; every model but the Keras one carries a Predict warmup record."""
     root = tmp_path_factory.mktemp("foreign")
-    tf1 = foreign_models.tf1_half_plus_two(str(root / "half_plus_two"))
-    for version in ("00000123", "00000124"):
+    tf1 = tf_serving_models.half_plus_two_2_versions(str(root / "half_plus_two"))
+    for version in tf_serving_models.VERSIONS:
         write_warmup(f"{tf1}/{version}", {"x": np.array([[1.0]], np.float32)})
+    foreign_models.tf1_classifier(str(root / "classifier" / "1"))
+    tf_serving_models.scalar_signatures(str(root / "scalar" / "00000123"))
     tf2 = foreign_models.tf2_module(str(root / "tf2"), "00000003")
     write_warmup(tf2, {"x": np.array([1.0, 2.0], np.float32)})
     foreign_models.tflite_beside(tf2)
     foreign_models.keras_export(str(root / "keras"), "0001")
-    return {"half_plus_two": tf1, "tf2": str(root / "tf2"), "keras": str(root / "keras")}
+    return {"half_plus_two": tf1, "classifier": str(root / "classifier"), "scalar": str(root / "scalar"),
+            "tf2": str(root / "tf2"), "keras": str(root / "keras")}
 
 
 def model_config(path, models: dict[str, str]) -> str:
@@ -119,7 +124,9 @@ def test_both_padded_versions_load_and_the_latest_serves_by_default(server):
                                                                                      ("123", "AVAILABLE")]
     latest = rest_predict(server, "half_plus_two", {"instances": [1.0, 2.0, 5.0]})
     assert latest.status_code == 200, latest.text
-    assert latest.json() == {"predictions": [3.5, 4.0, 5.5]}
+    assert latest.json() == {"predictions": [2.5, 3.0, 4.5]}
+    response = grpc_call(server, "Predict", predict_request("half_plus_two", x=np.array([2.0], np.float32)))
+    assert response.model_spec.version.value == 124 and tf.make_ndarray(response.outputs["y"]).tolist() == [3.0]
 
 
 def test_tf_serving_documented_half_plus_two_answer_on_version_123(server):
@@ -141,20 +148,20 @@ def test_grpc_predict_feeds_the_tf1_tensor_by_name_in_any_shape(server, shape):
 def test_tf1_bad_input_is_invalid_argument_not_internal(server):
     garbage = np.array([b"not a serialized tf.Example"], dtype=object)
     with pytest.raises(grpc.RpcError) as error:
-        grpc_call(server, "Predict", predict_request("half_plus_two", "classify_x_to_classes", inputs=garbage))
+        grpc_call(server, "Predict", predict_request("classifier", "predict", examples=garbage))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    response = rest_predict(server, "half_plus_two", {"signature_name": "classify_x_to_classes",
-                                                      "instances": ["not a serialized tf.Example"]})
+    response = rest_predict(server, "classifier", {"signature_name": "predict",
+                                                   "instances": ["not a serialized tf.Example"]})
     assert response.status_code == 400 and "error" in response.json(), response.text
 
 
 def test_the_main_op_initialised_the_asset_table(server):
     examples = [foreign_models.example(x=x).SerializeToString() for x in (1.0, 2.0, 5.0)]
-    response = grpc_call(server, "Predict", predict_request("half_plus_two", "classify_x_to_classes", 123,
-                                                            inputs=np.array(examples, dtype=object)))
+    response = grpc_call(server, "Predict", predict_request("classifier", "predict",
+                                                            examples=np.array(examples, dtype=object)))
     classes = tf.make_ndarray(response.outputs["classes"]).tolist()
     assert classes == [[c.encode() for c in foreign_models.CLASS_NAMES]] * 3
-    # y = 2.5, 3.0, 4.5: negative, then at the boundary, then clipped to positive
+    # 0.5 x + 2 = 2.5, 3.0, 4.5: negative, then at the boundary, then clipped to positive
     np.testing.assert_allclose(tf.make_ndarray(response.outputs["scores"]), [[1, 0], [1, 0], [0, 1]])
 
 
@@ -165,9 +172,9 @@ def test_grpc_metadata_lists_every_tf1_signature(server):
     signatures = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signatures)
     defs = signatures.signature_def
-    assert sorted(defs) == ["classify_x_to_classes", "classify_x_to_y", "predict_x_to_y2", "regress_x2_to_y3",
-                            "regress_x_to_y", "regress_x_to_y2", "serving_default"]
-    assert defs["classify_x_to_classes"].method_name == "tensorflow/serving/classify"
+    assert sorted(defs) == ["classify_x_to_y", "regress_x2_to_y3", "regress_x_to_y", "regress_x_to_y2",
+                            "serving_default"]
+    assert defs["classify_x_to_y"].method_name == "tensorflow/serving/classify"
     assert defs["serving_default"].inputs["x"].name == "x:0"
     assert response.model_spec.version.value == 124
 
@@ -199,6 +206,20 @@ def test_tf2_module_keeps_its_static_shape_check(server):
     response = rest_predict(server, "tf2", {"inputs": {"x": [[1.0], [2.0]]}})
     assert response.status_code == 400, response.text
     assert "shape" in response.json()["error"]
+
+
+@pytest.mark.parametrize("signature, y", [("", 1.0), ("serving_default", 1.0), ("custom_signature_key", 2.0)])
+def test_signatures_whose_outputs_no_batch_can_follow_answer_as_tf_serving_does(server, signature, y):
+    """TF Serving's test_tf_saved_model_save_multiple_signatures: x of unknown rank, y a scalar. With batching on
+    (Petal's default) such signatures run unbatched, decided at load and logged once; never INTERNAL."""
+    response = grpc_call(server, "Predict", predict_request("scalar", signature, x=np.array([2.0], np.float32)))
+    assert tf.make_ndarray(response.outputs["y"]).tolist() == y
+    assert response.model_spec.signature_name == (signature or "serving_default")
+    rest = rest_predict(server, "scalar", {"signature_name": signature, "inputs": {"x": [2.0]}})
+    assert (rest.status_code, rest.json()) == (200, {"outputs": y})
+    logged = [line for line in server.log().splitlines()
+              if "signatures that run unbatched" in line and '"model": "scalar"' in line]
+    assert len(logged) == 1 and '"custom_signature_key": "input x has an unknown rank"' in logged[0]
 
 
 def test_keras_export_over_rest_and_grpc(server):
@@ -264,5 +285,5 @@ def test_prefer_tflite_refuses_bad_input_as_invalid_argument(tflite_server):
 
 def test_prefer_tflite_leaves_a_version_without_model_tflite_on_its_savedmodel(tflite_server):
     response = rest_predict(tflite_server, "half_plus_two", {"instances": [1.0, 2.0, 5.0]})
-    assert response.json() == {"predictions": [3.5, 4.0, 5.5]}
-    assert "classify_x_to_classes" in rest_signatures(tflite_server, "half_plus_two")
+    assert response.json() == {"predictions": [2.5, 3.0, 4.5]}
+    assert "classify_x_to_y" in rest_signatures(tflite_server, "half_plus_two")

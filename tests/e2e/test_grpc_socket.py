@@ -1,6 +1,7 @@
 """gRPC on --grpc_socket_path (a Unix socket file) beside --port, and deadlines from tiny to centuries, against a real
 two-worker `petal serve` called with TF Serving's stock stubs. One worker serves the socket (docs/flags.md); when it
-dies, the worker that replaces it takes the socket over.
+dies, the worker that replaces it takes the socket over. Between servers the newest owns the path, as TF Serving's
+test harness expects of servers that it starts one after another with one --grpc_socket_path.
 
 The REST side runs gthread workers, whose request threads wait on a native threading.Event: there a REST deadline
 past threading.TIMEOUT_MAX raised "OverflowError: timestamp out of range for platform time_t" (a 500), as a far
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import ExitStack
 
 import grpc
 import pytest
@@ -25,6 +27,7 @@ from tensorflow_serving.apis import (
 )
 
 from server_harness import b64, jpeg, run_server, tiny_model_base
+from tf_serving_models import half_plus_two
 
 TOKEN = "socket-test-token-0123456789"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -103,8 +106,8 @@ def test_rest_and_v2_with_a_300_year_timeout_are_served(server):
 
 def socket_owners(master: int, path: str) -> list[int]:
     """The worker processes holding a listening socket bound to `path` (from /proc/net/unix and their fds)."""
-    with open("/proc/net/unix") as f:
-        inodes = {line.split()[6] for line in f.readlines()[1:] if line.split()[-1] == path}
+    with open("/proc/net/unix") as f:  # a socket is listed under the name it was bound to: `path.<pid>`, renamed
+        inodes = {line.split()[6] for line in f.readlines()[1:] if line.split()[-1].startswith(f"{path}.")}
     workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(master)], capture_output=True,
                                                   text=True).stdout.split()]
     owners = []
@@ -131,3 +134,42 @@ def test_one_worker_serves_the_socket_and_its_replacement_takes_it_over(server):
     assert served is not None, f"no worker took the socket over:\n{server.log()[-3000:]}"
     assert len(owners) == 1 and owners[0] != owner
     assert tf.make_ndarray(served.outputs["probabilities"]).shape == (1, 5)
+
+
+def half_plus_two_predict(target: str, model: str):
+    """tensorflow_model_server_test_client.py's request: x = [2.0]."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto([2.0], tf.float32))
+    with grpc.insecure_channel(target) as channel:
+        return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+
+
+def test_servers_started_one_after_another_on_one_socket_path_all_serve_and_the_newest_owns_it(tmp_path):
+    """TF Serving's harness starts each server with --grpc_socket_path=/tmp/tf-serving.sock and keeps the earlier
+    ones running. Each server here serves the model under its own name, so the socket's answers say whose it is."""
+    half_plus_two(str(tmp_path / "hpt" / "00000123"))
+    path = str(tmp_path / "tf-serving.sock")
+    names = ["first", "second", "third"]
+    with ExitStack() as stack:
+        servers = []
+        for name in names:
+            servers.append(stack.enter_context(run_server(
+                f"--model_base_path={tmp_path / 'hpt'}", f"--model_name={name}", f"--grpc_socket_path={path}")))
+            assert half_plus_two_predict(f"unix:{path}", name).model_spec.name == name  # the newest, at once
+        for server, name in zip(servers, names, strict=True):  # all still serve their TCP ports
+            assert tf.make_ndarray(half_plus_two_predict(server.grpc_target, name).outputs["y"]).tolist() == [3.0]
+        with pytest.raises(grpc.RpcError) as error:
+            half_plus_two_predict(f"unix:{path}", "first")
+        assert error.value.details() == "Servable not found for request: Latest(first)"
+        for server, previous in zip(servers, [None, *names[:-1]], strict=True):
+            warnings = [line for line in server.log().splitlines() if "--grpc_socket_path was served by" in line]
+            if previous is None:
+                assert not warnings
+            else:  # one line, naming the process that served it before: a worker of the previous server
+                assert len(warnings) == 1 and f"--model_name={previous} " in warnings[0], warnings
+        for server in servers[:2]:  # the older servers stop; unlike gRPC's unlink, that leaves the newest's socket
+            server.proc.send_signal(signal.SIGTERM)
+            server.proc.wait(timeout=60)
+        assert half_plus_two_predict(f"unix:{path}", "third").model_spec.name == "third"
+    assert not os.path.exists(path)  # the last server, at its exit, removed its own socket

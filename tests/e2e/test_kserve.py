@@ -60,12 +60,6 @@ def test_health_and_readiness(triton):
     assert not triton.is_model_ready("nope")
 
 
-@pytest.mark.parametrize("path", ["/v2/models/flowers/ready", "/v2/models/flowers/versions/1/ready"])
-def test_model_ready_answers_have_empty_bodies(tiny_server, path):
-    response = requests.get(tiny_server.rest_url + path, timeout=10)
-    assert (response.status_code, response.content) == (200, b"")
-
-
 @pytest.mark.parametrize("path, status, error", [
     ("/v2/models/nope/ready", 404, "Could not find any versions of model nope"),
     ("/v2/models/nope/versions/1/ready", 404, "Could not find any versions of model nope"),

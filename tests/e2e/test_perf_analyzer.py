@@ -1,6 +1,8 @@
 """perf_analyzer (Triton's load generator, which `make install` fetches) drives a real `petal serve` over
 KServe V2 HTTP, V2 gRPC and --service-kind=tfserving without an error, and over the V2 kinds reads the server's
-queue and compute times from Petal's statistics extension. Short runs: a few dozen requests per kind."""
+queue and compute times from Petal's statistics extension. The float model is TF Serving's TF1 half_plus_two
+(tests/tf_serving_models.py), which --service-kind=tfserving feeds x of shape [1] (`--shape x:1`) by tensor name.
+Short runs: a few dozen requests per kind."""
 from __future__ import annotations
 
 import math
@@ -9,8 +11,8 @@ import sys
 
 import pytest
 
-from foreign_models import tf2_module
 from server_harness import ROOT, jpeg, run_server, tiny_model_base
+from tf_serving_models import half_plus_two
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import perf_analyzer
@@ -32,7 +34,7 @@ def tool():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("perf_analyzer")
-    tf2_module(str(root / perf_analyzer.FLOAT_MODEL))
+    half_plus_two(str(root / perf_analyzer.FLOAT_MODEL / "00000123"))
     (root / "models").write_text(
         f'model_config_list {{ config {{ name: "{perf_analyzer.IMAGE_MODEL}" base_path: "{tiny_model_base()}" '
         f'model_platform: "tensorflow" }} config {{ name: "{perf_analyzer.FLOAT_MODEL}" base_path: '

@@ -1,30 +1,37 @@
-"""TF Serving's documented answers from one `petal serve` serving four model formats at once, over REST, gRPC on TCP
-and gRPC on the Unix socket, called with TF Serving's stock `tensorflow_serving.apis` stubs.
+"""TF Serving's documented answers, from one `petal serve` serving TF Serving's own test models, rebuilt the way its
+generator builds them (tests/tf_serving_models.py), over REST, gRPC on TCP and gRPC on the Unix socket, called with
+TF Serving's stock `tensorflow_serving.apis` stubs.
 
-The server reads a `--model_config_file` that serves tests/foreign_models.py's models, built in a temp folder:
-- `half_plus_two`: the TF1 graph in TF Serving's zero-padded folders 00000123 (y = 0.5 x + 2: TF Serving's
-  half_plus_two) and 00000124 (y = 0.5 x + 3: its half_plus_three), both served (`specific` policy), labelled
-  "stable" (123) and "canary" (124);
-- `tf2_module`: a `tf.saved_model.save` tf.Module whose classify and regress signatures have the predict method;
-- `keras_export`: a Keras 3 `model.export()` (y = x . [1, 2, 3] + 0.5);
-- `half_plus_two_tflite`: a version folder holding only `model.tflite`, as TF Serving's
-  `saved_model_half_plus_two_tflite` test model is shipped. It needs `--prefer_tflite_model`, which (in TF Serving's
-  SavedModelBundleFactory as in serving/core/loaders.py) picks TFLite only for a version folder that has a
-  `model.tflite`: the other three, which have none, stay on their SavedModels.
+The server reads a `--model_config_file` of these models, built in a temp folder:
+- `half_plus_two`: `saved_model_half_plus_two_2_versions`, the TF1 graph in the zero-padded folders 00000123 and
+  00000124 (the same model twice, as TF Serving ships it), both served (`specific` policy), labelled "stable" (123)
+  and "canary" (124). Its Predict input x:0 is an identity of the parsed tf.Example, not a placeholder: fed by
+  name, it takes any shape the graph's ops take;
+- `half_plus_three`: the same graph with b = 3, TF Serving's `saved_model_half_plus_three`;
+- `half_plus_two_tf2`: the native TF2 tf.Module, `saved_model_half_plus_two_tf2_cpu`, whose predict input is
+  TensorSpec([1]) and whose classify and regress signatures have the predict method;
+- `half_plus_two_tflite`: `saved_model_half_plus_two_tflite`, a version folder holding only `model.tflite`. It needs
+  `--prefer_tflite_model`, which (in TF Serving's SavedModelBundleFactory as in serving/core/loaders.py) picks
+  TFLite only for a version folder that has a `model.tflite`: the others, which have none, stay on SavedModels;
+- `keras_export`: a Keras 3 `model.export()` (y = x . [1, 2, 3] + 0.5, tests/foreign_models.py);
 with `--grpc_socket_path` and `--enable_batching`.
 
 Expected values come from TF Serving's own documentation and tests (tensorflow/serving, read at commit 9d981c5):
+- `model_servers/tensorflow_model_server_test.py` and its test client: Predict of x = [2.0] (DT_FLOAT, shape [1])
+  -> y = 3.0 on the TF1, TF2 and TFLite models, 4.0 on half_plus_three; Classify, Regress and MultiInference of
+  x = 2.0 -> 3.0; REST {"instances": [2.0, 3.0, 4.0]} -> {"predictions": [3.0, 3.5, 4.0]} and the columnar
+  {"inputs": ...}; the harness waits until a Predict of `intentionally_missing_model` has "Servable" in its details;
 - `g3doc/api_rest.md`: "Model status API" and "Make REST API calls to ModelServer" (the status body, half_plus_three
-  predicting 3.5, 4.0, 5.5 for 1.0, 2.0, 5.0, regressing 3.5, 4.0 for 1.0, 2.0, and 404
+  predicting 3.5, 4.0, 5.5 for 1.0, 2.0, 5.0 and regressing 3.5, 4.0 for 1.0, 2.0, and 404
   `{"error": "Servable not found for request: Latest(half)"}`), "Classify and Regress API" (the `results` bodies),
   "Predict API" (row and columnar requests and answers), "Model Metadata API". Its "Response format" for
   classify and regress says `result`, but its example and the code (util/json_tensor.cc kClassifyRegressResponseKey)
   say `results`, which is what TF Serving sends;
 - `g3doc/docker.md`: half_plus_two predicts 2.5, 3.0, 4.5 for 1.0, 2.0, 5.0;
-- `model_servers/http_rest_api_handler_test.cc` and `servables/tensorflow/testdata/
-  saved_model_half_plus_two_2_versions_metadata.json`: [[1, 2], [3, 4]] -> [[2.5, 3.0], [3.5, 4.0]], regress_x_to_y
-  80 -> 42, classify_x_to_y 20 -> [["", 12]] and 10 -> [["", 7]], the status of a version and of a label, and the
-  metadata JSON of the serving_default, classify_x_to_y and regress_x_to_y2 signatures;
+- `model_servers/http_rest_api_handler_test.cc` and `servables/tensorflow/testdata/half_plus_two_model_metadata.json`:
+  [[1, 2], [3, 4]] -> [[2.5, 3.0], [3.5, 4.0]], regress_x_to_y 80 -> 42, classify_x_to_y 20 -> [["", 12]] and
+  10 -> [["", 7]], the status of a version and of a label, and the metadata of every signature;
+- `servables/tensorflow/predict_util_test.cc`: Predict on regress_x2_to_y3 of a scalar 2.0 -> 4.0;
 - the error texts of `core/manager.h` (ServableRequest::DebugString), `model_servers/server_core.cc` (labels, a
   ModelSpec without a name), `model_servers/get_model_status_impl.cc`, `servables/tensorflow/
   get_model_metadata_impl.cc`, `servables/tensorflow/predict_util.cc` and `model_servers/http_rest_api_handler.cc`
@@ -34,8 +41,6 @@ Expected values come from TF Serving's own documentation and tests (tensorflow/s
 from __future__ import annotations
 
 import base64
-import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -58,7 +63,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-import foreign_models
+import tf_serving_models
+from foreign_models import example, keras_export
 from server_harness import run_server
 
 TIMEOUT = 60
@@ -67,6 +73,9 @@ CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
 # model_servers/http_server.cc ToHTTPStatusCode, for the codes these tests meet
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "NOT_FOUND": 404}
+F32 = np.float32
+HPT, H3, TF2, TFLITE, KERAS = ("half_plus_two", "half_plus_three", "half_plus_two_tf2", "half_plus_two_tflite",
+                               "keras_export")
 
 
 # --- the server -------------------------------------------------------------------------------------------------
@@ -74,22 +83,19 @@ HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "NOT_FOUND":
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("compat")
-    hpt = foreign_models.tf1_half_plus_two(str(root / "half_plus_two"))
-    tf2 = os.path.dirname(foreign_models.tf2_module(str(root / "tf2_module")))
-    keras = os.path.dirname(foreign_models.keras_export(str(root / "keras_export")))
-    tflite = root / "half_plus_two_tflite"
-    (tflite / "1").mkdir(parents=True)
-    shutil.move(foreign_models.tflite_beside(foreign_models.tf2_module(str(root / "scratch"))),
-                tflite / "1" / "model.tflite")
+    tf_serving_models.half_plus_two_2_versions(str(root / HPT))
+    tf_serving_models.half_plus_three(str(root / H3 / "00000123"))
+    tf_serving_models.half_plus_two_tf2(str(root / TF2 / "00000123"))
+    tf_serving_models.half_plus_two_tflite(str(root / TFLITE / "00000123"))
+    keras_export(str(root / KERAS))
+    others = "".join(f'  config {{ name: "{name}" base_path: "{root / name}" model_platform: "tensorflow" }}\n'
+                     for name in (H3, TF2, TFLITE, KERAS))
     config = root / "models.config"
     config.write_text(f"""model_config_list {{
-  config {{ name: "half_plus_two" base_path: "{hpt}" model_platform: "tensorflow"
+  config {{ name: "{HPT}" base_path: "{root / HPT}" model_platform: "tensorflow"
            model_version_policy {{ specific {{ versions: 123 versions: 124 }} }}
            version_labels {{ key: "stable" value: 123 }} version_labels {{ key: "canary" value: 124 }} }}
-  config {{ name: "tf2_module" base_path: "{tf2}" model_platform: "tensorflow" }}
-  config {{ name: "keras_export" base_path: "{keras}" model_platform: "tensorflow" }}
-  config {{ name: "half_plus_two_tflite" base_path: "{tflite}" model_platform: "tensorflow" }}
-}}
+{others}}}
 """)
     socket_path = str(root / "petal.sock")
     with run_server(f"--model_config_file={config}", f"--grpc_socket_path={socket_path}", "--enable_batching",
@@ -209,7 +215,7 @@ class RestClient:
 
 def example_input(examples: list[dict]) -> input_pb2.Input:
     return input_pb2.Input(example_list=input_pb2.ExampleList(
-        examples=[foreign_models.example(**e) for e in examples]))
+        examples=[example(**e) for e in examples]))
 
 
 def classes_json(result: classification_pb2.ClassificationResult) -> list:
@@ -307,44 +313,48 @@ def version_status(*versions: int) -> dict:
 
 
 @pytest.mark.parametrize("spec, versions", [
-    (Spec("half_plus_two"), (124, 123)),  # newest first: ServableStateMonitor's VersionMap is std::greater
-    (Spec("half_plus_two", version=123), (123,)),
-    (Spec("half_plus_two", version=124), (124,)),
+    (Spec(HPT), (124, 123)),  # newest first: ServableStateMonitor's VersionMap is std::greater
+    (Spec(HPT, version=123), (123,)),
+    (Spec(HPT, version=124), (124,)),
     # api_rest.md: a label selects its version, as here. (TF Serving's GetModelStatusImpl reads only
     # model_spec.version, so TF Serving itself answers every version for a label, known or not.)
-    (Spec("half_plus_two", label="stable"), (123,)),
-    (Spec("half_plus_two", label="canary"), (124,)),
-    (Spec("tf2_module"), (1,)),
-    (Spec("keras_export"), (1,)),
-    (Spec("half_plus_two_tflite"), (1,)),
-], ids=["hpt all", "hpt 123", "hpt 124", "hpt stable", "hpt canary", "tf2", "keras", "tflite"])
+    (Spec(HPT, label="stable"), (123,)),
+    (Spec(HPT, label="canary"), (124,)),
+    (Spec(H3), (123,)),
+    (Spec(TF2), (123,)),
+    (Spec(TFLITE), (123,)),
+    (Spec(KERAS), (1,)),
+], ids=["hpt all", "hpt 123", "hpt 124", "hpt stable", "hpt canary", "h3", "tf2", "tflite", "keras"])
 def test_model_status(client, spec, versions):
     assert client.status(spec) == version_status(*versions)
 
 
 # --- metadata ---------------------------------------------------------------------------------------------------
 
-# saved_model_half_plus_two_2_versions_metadata.json, for the signatures the test model shares with TF Serving's.
-# The shapes there are what TF 1.x's shape inference gave x and y; TF 2.21's ParseExampleV2 gives them none (the
-# serialized input has no rank), so shapes are compared with the model's own saved_model.pb instead.
-DOCUMENTED_SIGNATURES = {
-    "serving_default": {"inputs": {"x": {"dtype": "DT_FLOAT", "name": "x:0"}},
-                        "outputs": {"y": {"dtype": "DT_FLOAT", "name": "y:0"}},
-                        "method_name": "tensorflow/serving/predict", "defaults": {}},
-    "classify_x_to_y": {"inputs": {"inputs": {"dtype": "DT_STRING", "name": "tf_example:0"}},
-                        "outputs": {"scores": {"dtype": "DT_FLOAT", "name": "y:0"}},
-                        "method_name": CLASSIFY, "defaults": {}},
-    "regress_x_to_y2": {"inputs": {"inputs": {"dtype": "DT_STRING", "name": "tf_example:0"}},
-                        "outputs": {"outputs": {"dtype": "DT_FLOAT", "name": "y2:0"}},
-                        "method_name": REGRESS, "defaults": {}},
-}
-HPT_SIGNATURES = ["classify_x_to_classes", "classify_x_to_y", "predict_x_to_y2", "regress_x2_to_y3",
-                  "regress_x_to_y", "regress_x_to_y2", "serving_default"]
+def documented_tensor(name: str, dtype: str, dims: list[int]) -> dict:
+    return {"dtype": dtype, "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in dims],
+                                             "unknown_rank": False}, "name": name}
 
 
-def without_shapes(signature: dict) -> dict:
-    return {**signature, **{side: {k: {f: v for f, v in t.items() if f != "tensor_shape"}
-                                   for k, t in signature[side].items()} for side in ("inputs", "outputs")}}
+def documented_signature(method: str, inputs: dict, outputs: dict) -> dict:
+    return {"inputs": {k: documented_tensor(*v) for k, v in inputs.items()},
+            "outputs": {k: documented_tensor(*v) for k, v in outputs.items()}, "method_name": method, "defaults": {}}
+
+
+# half_plus_two_model_metadata.json, TF Serving's expected metadata of saved_model_half_plus_two_cpu, with one
+# change: there tf_example has an unknown rank, since the shipped saved_model.pb predates the generator's
+# `shape=[None]`, which the rebuilt model follows.
+EXAMPLES = ("tf_example:0", "DT_STRING", [-1])
+ROWS = [-1, 1]
+DOCUMENTED_METADATA = {"signature_def": {"signature_def": {
+    "serving_default": documented_signature("tensorflow/serving/predict", {"x": ("x:0", "DT_FLOAT", ROWS)},
+                                            {"y": ("y:0", "DT_FLOAT", ROWS)}),
+    "classify_x_to_y": documented_signature(CLASSIFY, {"inputs": EXAMPLES}, {"scores": ("y:0", "DT_FLOAT", ROWS)}),
+    "regress_x_to_y": documented_signature(REGRESS, {"inputs": EXAMPLES}, {"outputs": ("y:0", "DT_FLOAT", ROWS)}),
+    "regress_x_to_y2": documented_signature(REGRESS, {"inputs": EXAMPLES}, {"outputs": ("y2:0", "DT_FLOAT", ROWS)}),
+    "regress_x2_to_y3": documented_signature(REGRESS, {"inputs": ("x2:0", "DT_FLOAT", ROWS)},
+                                             {"outputs": ("y3:0", "DT_FLOAT", ROWS)}),
+}}}
 
 
 def saved_signatures(version_dir) -> dict:
@@ -355,39 +365,38 @@ def saved_signatures(version_dir) -> dict:
 
 
 @pytest.mark.parametrize("spec, version", [
-    (Spec("half_plus_two"), 124), (Spec("half_plus_two", version=123), 123),
-    (Spec("half_plus_two", label="stable"), 123), (Spec("half_plus_two", label="canary"), 124),
+    (Spec(HPT), 124), (Spec(HPT, version=123), 123), (Spec(HPT, label="stable"), 123),
+    (Spec(HPT, label="canary"), 124),
 ], ids=["latest", "123", "stable", "canary"])
 def test_tf1_metadata_is_tf_servings(server, client, spec, version):
     metadata = client.metadata(spec)
-    assert metadata["model_spec"] == {"name": "half_plus_two", "signature_name": "", "version": str(version)}
-    signatures = metadata["metadata"]["signature_def"]
-    assert signatures == saved_signatures(server.models_root / "half_plus_two" / f"{version:08d}")
-    assert sorted(signatures["signature_def"]) == HPT_SIGNATURES
-    assert {k: without_shapes(signatures["signature_def"][k]) for k in DOCUMENTED_SIGNATURES} == DOCUMENTED_SIGNATURES
-    assert signatures["signature_def"]["classify_x_to_y"]["inputs"]["inputs"]["tensor_shape"] == {
-        "dim": [], "unknown_rank": True}
+    assert metadata == {"model_spec": {"name": HPT, "signature_name": "", "version": str(version)},
+                        "metadata": DOCUMENTED_METADATA}
+    assert metadata["metadata"]["signature_def"] == saved_signatures(server.models_root / HPT / f"{version:08d}")
 
 
 @pytest.mark.parametrize("model, signatures", [
-    ("tf2_module", {"serving_default": {"x": "DT_FLOAT"}, "classify": {"inputs": "DT_STRING"},
-                    "regress": {"inputs": "DT_STRING"}, "multi": {"ids": "DT_INT64", "text": "DT_STRING"}}),
-    ("keras_export", {"serving_default": {"features": "DT_FLOAT"}, "serve": {"features": "DT_FLOAT"}}),
-    ("half_plus_two_tflite", {"serving_default": {"x": "DT_FLOAT"}}),  # the converter keeps one signature
+    (TF2, {"serving_default": {"x": ("DT_FLOAT", [1])}, "regress_x_to_y": {"inputs": ("DT_STRING", [-1])},
+           "regress_x_to_y2": {"inputs": ("DT_STRING", [-1])}, "regress_x2_to_y3": {"inputs": ("DT_FLOAT", [1])},
+           "classify_x_to_y": {"inputs": ("DT_STRING", [-1])}, "classify_x2_to_y3": {"inputs": ("DT_FLOAT", [1])}}),
+    (TFLITE, {"serving_default": {"x": ("DT_FLOAT", [1, 1])}}),  # TF Serving's generated signature: no sigdef
+    (KERAS, {"serving_default": {"features": ("DT_FLOAT", [-1, 3])}, "serve": {"features": ("DT_FLOAT", [-1, 3])}}),
 ])
 def test_metadata_of_the_other_formats_is_the_same_on_every_transport(clients, model, signatures):
     answers = {name: c.metadata(Spec(model)) for name, c in clients.items()}
     assert answers["grpc_tcp"] == answers["grpc_unix"] == answers["rest"]
     metadata = answers["rest"]
-    assert metadata["model_spec"] == {"name": model, "signature_name": "", "version": "1"}
+    version = "1" if model == KERAS else "123"
+    assert metadata["model_spec"] == {"name": model, "signature_name": "", "version": version}
     found = metadata["metadata"]["signature_def"]["signature_def"]
-    assert {k: {i: t["dtype"] for i, t in s["inputs"].items()} for k, s in found.items()} == signatures
+    assert {k: {i: (t["dtype"], [int(d["size"]) for d in t["tensor_shape"]["dim"]]) for i, t in s["inputs"].items()}
+            for k, s in found.items()} == signatures
     assert {s["method_name"] for s in found.values()} == {"tensorflow/serving/predict"}
 
 
 def metadata_request(*fields: str) -> get_model_metadata_pb2.GetModelMetadataRequest:
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=fields)
-    Spec("tf2_module", signature="regress").fill(request.model_spec)
+    Spec(TF2, signature="regress_x_to_y").fill(request.model_spec)
     return request
 
 
@@ -405,107 +414,115 @@ def test_grpc_metadata_names_the_model_and_version_but_no_signature(grpc_client)
     a field named twice is answered once."""
     response = grpc_client.call(grpc_client.prediction.GetModelMetadata,
                                 metadata_request("signature_def", "signature_def"))
-    assert proto_json(response.model_spec) == {"name": "tf2_module", "signature_name": "", "version": "1"}
+    assert proto_json(response.model_spec) == {"name": TF2, "signature_name": "", "version": "123"}
     assert list(response.metadata) == ["signature_def"]
 
 
 # --- predict ----------------------------------------------------------------------------------------------------
 
-F32 = np.float32
-
-
 @pytest.mark.parametrize("spec, inputs, expected", [
+    # tensorflow_model_server_test_client.py: x DT_FLOAT of shape [1], 2.0 -> 3.0 (TF1, TF2, TFLite), 4.0 (h3)
+    (Spec(HPT), {"x": np.array([2.0], F32)}, {"y": [3.0]}),
+    (Spec(TF2), {"x": np.array([2.0], F32)}, {"y": [3.0]}),
+    (Spec(TFLITE), {"x": np.array([2.0], F32)}, {"y": [3.0]}),
+    (Spec(H3), {"x": np.array([2.0], F32)}, {"y": [4.0]}),
     # docker.md: half_plus_two; api_rest.md "Example": half_plus_three
-    (Spec("half_plus_two", version=123), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
-    (Spec("half_plus_two", label="stable"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
-    (Spec("half_plus_two"), {"x": np.array([1, 2, 5], F32)}, {"y": [3.5, 4.0, 5.5]}),
-    (Spec("half_plus_two", label="canary"), {"x": np.array([1, 2, 5], F32)}, {"y": [3.5, 4.0, 5.5]}),
+    (Spec(HPT, version=123), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec(HPT, label="stable"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec(HPT, label="canary"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
+    (Spec(H3), {"x": np.array([1, 2, 5], F32)}, {"y": [3.5, 4.0, 5.5]}),
     # http_rest_api_handler_test.cc: [[1, 2], [3, 4]] on the serving_default signature named
-    (Spec("half_plus_two", version=123, signature="serving_default"), {"x": np.array([[1, 2], [3, 4]], F32)},
+    (Spec(HPT, version=123, signature="serving_default"), {"x": np.array([[1, 2], [3, 4]], F32)},
      {"y": [[2.5, 3.0], [3.5, 4.0]]}),
-    (Spec("half_plus_two", version=124, signature="predict_x_to_y2"), {"x": np.array([[1], [2]], F32)},
-     {"y": [[3.5], [4.0]]}),
-    (Spec("tf2_module"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
-    (Spec("tf2_module", signature="multi"), {"ids": np.array([[1, 2], [3, -4]]),
-                                             "text": np.array([b"ab", "\u00e9".encode()], dtype=object)},
-     {"sum": [3, -1], "length": [2, 2], "echo_bytes": [b"ab", "\u00e9".encode()]}),
-    (Spec("keras_export"), {"features": np.array([[1, 1, 1], [0, 0, 2]], F32)}, {"output_0": [[6.5], [6.5]]}),
-    (Spec("half_plus_two_tflite"), {"x": np.array([1, 2, 5], F32)}, {"y": [2.5, 3.0, 4.5]}),
-], ids=["hpt 123", "hpt stable", "hpt latest", "hpt canary", "hpt 2x2", "hpt y2", "tf2", "tf2 multi", "keras",
-        "tflite"])
+    # predict_util_test.cc: Predict on a regression signature, a scalar x2
+    (Spec(HPT, signature="regress_x2_to_y3"), {"inputs": np.array(2.0, F32)}, {"outputs": 4.0}),
+    (Spec(TF2, signature="classify_x2_to_y3"), {"inputs": np.array([2.0], F32)}, {"scores": [4.0]}),
+    (Spec(KERAS), {"features": np.array([[1, 1, 1], [0, 0, 2]], F32)}, {"output_0": [[6.5], [6.5]]}),
+], ids=["hpt client", "tf2 client", "tflite client", "h3 client", "hpt 123", "hpt stable", "hpt canary", "h3",
+        "hpt 2x2", "hpt x2 scalar", "tf2 x2", "keras"])
 def test_predict(client, spec, inputs, expected):
     assert client.predict(spec, inputs, list(expected)) == expected
 
 
 @pytest.mark.parametrize("path, body, expected", [
-    # api_rest.md "Specifying input tensors in row format" / "Response format"
-    ("half_plus_two/versions/123", {"instances": [1.0, 2.0, 5.0]}, {"predictions": [2.5, 3.0, 4.5]}),
-    ("half_plus_two", {"instances": [1.0, 2.0, 5.0]}, {"predictions": [3.5, 4.0, 5.5]}),
-    ("half_plus_two/labels/stable", {"instances": [[1.0, 2.0], [3.0, 4.0]]},
-     {"predictions": [[2.5, 3.0], [3.5, 4.0]]}),
-    ("half_plus_two/versions/123", {"signature_name": "serving_default", "inputs": [3.0, 4.0]},
-     {"outputs": [3.5, 4.0]}),
-    ("tf2_module", {"instances": [{"x": 1.0}, {"x": 2.0}]}, {"predictions": [2.5, 3.0]}),
-    ("tf2_module", {"signature_name": "multi", "instances": [{"ids": [1, 2], "text": "ab"},
-                                                             {"ids": [3, 4], "text": "c"}]},
-     {"predictions": [{"sum": 3, "length": 2, "echo_bytes": {"b64": "YWI="}},
-                      {"sum": 7, "length": 1, "echo_bytes": {"b64": "Yw=="}}]}),
-    ("tf2_module", {"signature_name": "multi", "inputs": {"ids": [[1, 2]], "text": ["ab"]}},
-     {"outputs": {"sum": [3], "length": [2], "echo_bytes": [{"b64": "YWI="}]}}),
-    ("keras_export", {"instances": [[1.0, 0.0, 0.0]]}, {"predictions": [[1.5]]}),
-    ("half_plus_two_tflite", {"inputs": {"x": [1.0, 2.0, 5.0]}}, {"outputs": [2.5, 3.0, 4.5]}),
-], ids=["row 123", "row latest", "row stable 2x2", "columnar unnamed", "row objects", "row several outputs",
-        "columnar several outputs", "keras row", "tflite columnar"])
+    # api_rest.md "Specifying input tensors in row format" / "Response format", docker.md
+    (f"{HPT}/versions/123", {"instances": [1.0, 2.0, 5.0]}, {"predictions": [2.5, 3.0, 4.5]}),
+    (H3, {"instances": [1.0, 2.0, 5.0]}, {"predictions": [3.5, 4.0, 5.5]}),
+    (f"{HPT}/labels/stable", {"instances": [[1.0, 2.0], [3.0, 4.0]]}, {"predictions": [[2.5, 3.0], [3.5, 4.0]]}),
+    # tensorflow_model_server_test.py testPredictREST and testPredictColumnarREST
+    (HPT, {"instances": [2.0, 3.0, 4.0]}, {"predictions": [3.0, 3.5, 4.0]}),
+    (HPT, {"inputs": [2.0, 3.0, 4.0]}, {"outputs": [3.0, 3.5, 4.0]}),
+    (f"{HPT}/versions/124", {"signature_name": "serving_default", "inputs": {"x": [[1.0], [2.0]]}},
+     {"outputs": [[2.5], [3.0]]}),
+    (TF2, {"instances": [2.0]}, {"predictions": [3.0]}),
+    (TF2, {"instances": [{"x": 2.0}]}, {"predictions": [3.0]}),
+    (TFLITE, {"inputs": {"x": [1.0, 2.0, 5.0]}}, {"outputs": [2.5, 3.0, 4.5]}),
+    (KERAS, {"instances": [[1.0, 0.0, 0.0]]}, {"predictions": [[1.5]]}),
+], ids=["row 123", "row h3", "row stable 2x2", "server test row", "server test columnar", "columnar named",
+        "tf2 row", "tf2 row objects", "tflite columnar", "keras row"])
 def test_rest_predict_row_and_columnar_bodies(clients, path, body, expected):
     assert clients["rest"].post(f"{path}:predict", body) == expected
 
 
 @pytest.mark.parametrize("spec, version", [
-    (Spec("half_plus_two"), 124), (Spec("half_plus_two", label="stable"), 123),
-    (Spec("half_plus_two", version=123), 123), (Spec("tf2_module"), 1), (Spec("half_plus_two_tflite"), 1),
-], ids=["latest", "stable", "123", "tf2", "tflite"])
+    (Spec(HPT), 124), (Spec(HPT, label="stable"), 123), (Spec(HPT, version=123), 123), (Spec(H3), 123),
+    (Spec(TF2), 123), (Spec(TFLITE), 123),
+], ids=["latest", "stable", "123", "h3", "tf2", "tflite"])
 def test_grpc_predict_names_the_version_and_signature_that_ran(grpc_client, spec, version):
-    response = grpc_client.predict_response(spec, {"x": np.array([1.0], F32)})
+    response = grpc_client.predict_response(spec, {"x": np.array([2.0], F32)})
     assert (response.model_spec.name, response.model_spec.version.value, response.model_spec.signature_name) == (
         spec.model, version, "serving_default")
     assert not response.model_spec.version_label  # TF Serving answers with the number a label stands for
 
 
+def test_grpc_predict_of_tf_servings_test_client_request(grpc_client):
+    """tensorflow_model_server_test_client.py's request as it builds it: dtype, float_val and shape set field by
+    field, and an output filter."""
+    request = predict_pb2.PredictRequest(output_filter=["y"])
+    request.model_spec.name = HPT
+    request.inputs["x"].dtype = tf.float32.as_datatype_enum
+    request.inputs["x"].float_val.append(2.0)
+    request.inputs["x"].tensor_shape.dim.add().size = 1
+    response = grpc_client.call(grpc_client.prediction.Predict, request)
+    assert response.outputs["y"].dtype == tf.float32.as_datatype_enum
+    assert tf.make_ndarray(response.outputs["y"]).tolist() == [3.0]
+
+
 # --- classify and regress ---------------------------------------------------------------------------------------
 
-NEG, POS = foreign_models.CLASS_NAMES
-
-
 @pytest.mark.parametrize("spec, examples, expected", [
+    # tensorflow_model_server_test.py _TestClassify (TF1 and TF2): x = 2.0 -> 3.0
+    (Spec(HPT, signature="classify_x_to_y"), [{"x": 2.0}], [[["", 3.0]]]),
+    (Spec(TF2, signature="classify_x_to_y"), [{"x": 2.0}], [[["", 3.0]]]),
     # http_rest_api_handler_test.cc
-    (Spec("half_plus_two", version=123, signature="classify_x_to_y"), [{"x": 20.0}], [[["", 12.0]]]),
-    (Spec("half_plus_two", label="stable", signature="classify_x_to_y"), [{"x": 10.0}], [[["", 7.0]]]),
-    (Spec("half_plus_two", label="canary", signature="classify_x_to_y"), [{"x": 10.0}], [[["", 8.0]]]),
-    (Spec("half_plus_two", signature="classify_x_to_classes"), [{"x": 0.0}, {"x": 5.0}],
-     [[[NEG, 1.0], [POS, 0.0]], [[NEG, 0.0], [POS, 1.0]]]),
-    (Spec("tf2_module", signature="classify"), [{"x": 1.0}, {"x": 4.0}],
-     [[[NEG, 1.0], [POS, 0.0]], [[NEG, 0.0], [POS, 1.0]]]),
-], ids=["hpt 123", "hpt stable", "hpt canary", "hpt classes", "tf2"])
+    (Spec(HPT, version=123, signature="classify_x_to_y"), [{"x": 20.0}], [[["", 12.0]]]),
+    (Spec(HPT, label="stable", signature="classify_x_to_y"), [{"x": 10.0}], [[["", 7.0]]]),
+    (Spec(HPT, label="canary", signature="classify_x_to_y"), [{"x": 10.0}, {"x": 20.0}], [[["", 7.0]], [["", 12.0]]]),
+    (Spec(H3, signature="classify_x_to_y"), [{"x": 2.0}], [[["", 4.0]]]),
+], ids=["hpt", "tf2", "hpt 123", "hpt stable", "hpt canary", "h3"])
 def test_classify(client, spec, examples, expected):
     assert client.classify(spec, examples) == expected
 
 
 @pytest.mark.parametrize("spec, examples, expected", [
+    # tensorflow_model_server_test.py _TestRegress (TF1 and TF2): x = 2.0 -> 3.0
+    (Spec(HPT, signature="regress_x_to_y"), [{"x": 2.0}], [3.0]),
+    (Spec(TF2, signature="regress_x_to_y"), [{"x": 2.0}], [3.0]),
     # api_rest.md "Make REST API calls": half_plus_three regresses 1.0, 2.0 to 3.5, 4.0
-    (Spec("half_plus_two", signature="regress_x_to_y"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
-    (Spec("half_plus_two", version=123, signature="regress_x_to_y2"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
+    (Spec(H3, signature="regress_x_to_y"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
+    (Spec(HPT, version=123, signature="regress_x_to_y2"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
+    (Spec(TF2, signature="regress_x_to_y2"), [{"x": 1.0}, {"x": 2.0}], [3.5, 4.0]),
     # http_rest_api_handler_test.cc: regress_x_to_y 80 -> 42, by version and by label
-    (Spec("half_plus_two", version=123, signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
-    (Spec("half_plus_two", label="stable", signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
-    (Spec("tf2_module", signature="regress"), [{"x": 1.0}, {"x": 4.0}], [2.5, 4.0]),
-], ids=["hpt latest", "hpt 123 y2", "hpt 123", "hpt stable", "tf2"])
+    (Spec(HPT, version=123, signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
+    (Spec(HPT, label="stable", signature="regress_x_to_y"), [{"x": 80.0}], [42.0]),
+], ids=["hpt", "tf2", "h3", "hpt 123 y2", "tf2 y2", "hpt 123", "hpt stable"])
 def test_regress(client, spec, examples, expected):
     assert client.regress(spec, examples) == expected
 
 
 @pytest.mark.parametrize("call, spec", [
-    ("classify", Spec("keras_export")), ("regress", Spec("keras_export")),
-    ("regress", Spec("half_plus_two_tflite")), ("regress", Spec("half_plus_two", signature="serving_default")),
+    ("classify", Spec(KERAS)), ("regress", Spec(KERAS)), ("regress", Spec(TFLITE)),
+    ("regress", Spec(HPT, signature="serving_default")),
 ], ids=["keras classify", "keras regress", "tflite regress", "hpt predict signature"])
 def test_classify_and_regress_refuse_a_signature_that_does_not_fit_alike(clients, call, spec):
     """The Keras, TFLite and predict signatures take a float tensor, not serialized tf.Examples."""
@@ -517,24 +534,25 @@ def test_classify_and_regress_refuse_a_signature_that_does_not_fit_alike(clients
 
 
 def test_grpc_classify_and_regress_name_the_version_and_signature_that_ran(grpc_client):
-    spec = Spec("half_plus_two", label="stable", signature="classify_x_to_y")
+    spec = Spec(HPT, label="stable", signature="classify_x_to_y")
     classified = grpc_client.classify_response(spec, [{"x": 1.0}])
     assert (classified.model_spec.version.value, classified.model_spec.signature_name) == (123, "classify_x_to_y")
-    regressed = grpc_client.regress_response(Spec("tf2_module", signature="regress"), [{"x": 1.0}])
+    regressed = grpc_client.regress_response(Spec(TF2, signature="regress_x_to_y"), [{"x": 1.0}])
     assert (regressed.model_spec.name, regressed.model_spec.version.value,
-            regressed.model_spec.signature_name) == ("tf2_module", 1, "regress")
+            regressed.model_spec.signature_name) == (TF2, 123, "regress_x_to_y")
 
 
 # --- MultiInference (gRPC only: TF Serving's REST API has no multi-inference verb) -------------------------------
 
 @pytest.mark.parametrize("spec, tasks, version", [
-    (Spec("half_plus_two", label="canary"), [(REGRESS, "regress_x_to_y"), (CLASSIFY, "classify_x_to_y"),
-                                             (REGRESS, "regress_x_to_y2")], 124),
-    (Spec("half_plus_two", version=123), [(CLASSIFY, "classify_x_to_classes"), (REGRESS, "regress_x_to_y")], 123),
-    (Spec("tf2_module"), [(CLASSIFY, "classify"), (REGRESS, "regress")], 1),
-], ids=["hpt canary", "hpt 123", "tf2"])
+    # tensorflow_model_server_test.py _TestMultiInference (TF1 and TF2)
+    (Spec(HPT), [(REGRESS, "regress_x_to_y"), (CLASSIFY, "classify_x_to_y")], 124),
+    (Spec(TF2), [(REGRESS, "regress_x_to_y"), (CLASSIFY, "classify_x_to_y")], 123),
+    (Spec(HPT, label="stable"), [(REGRESS, "regress_x_to_y"), (CLASSIFY, "classify_x_to_y"),
+                                 (REGRESS, "regress_x_to_y2")], 123),
+], ids=["hpt", "tf2", "hpt stable"])
 def test_multi_inference_answers_as_classify_and_regress_do(clients, grpc_client, spec, tasks, version):
-    examples = [{"x": 1.0}, {"x": 4.0}]
+    examples = [{"x": 2.0}, {"x": 4.0}]
     request = inference_pb2.MultiInferenceRequest(input=example_input(examples))
     for method, signature in tasks:
         task = request.tasks.add(method_name=method)
@@ -553,6 +571,7 @@ def test_multi_inference_answers_as_classify_and_regress_do(clients, grpc_client
             expected.append(rest.regress(task_spec, examples))
             got.append([r.value for r in result.regression_result.regressions])
     assert got == expected
+    assert got[0] == [3.0, 4.0]  # y = 0.5 x + 2
 
 
 # --- errors -----------------------------------------------------------------------------------------------------
@@ -560,21 +579,21 @@ def test_multi_inference_answers_as_classify_and_regress_do(clients, grpc_client
 @pytest.mark.parametrize("call, spec, code, message", [
     # api_rest.md "Make REST API calls": POST /v1/models/half:predict
     ("predict", Spec("half"), "NOT_FOUND", "Servable not found for request: Latest(half)"),
-    ("predict", Spec("half_plus_two", version=99), "NOT_FOUND",
+    ("predict", Spec(HPT, version=99), "NOT_FOUND",
      "Servable not found for request: Specific(half_plus_two, 99)"),
-    ("predict", Spec("half_plus_two", label="nope"), "INVALID_ARGUMENT", "Unrecognized servable version label: nope"),
+    ("predict", Spec(HPT, label="nope"), "INVALID_ARGUMENT", "Unrecognized servable version label: nope"),
     ("classify", Spec("half", signature="classify_x_to_y"), "NOT_FOUND",
      "Servable not found for request: Latest(half)"),
-    ("classify", Spec("half_plus_two", label="nope", signature="classify_x_to_y"), "INVALID_ARGUMENT",
+    ("classify", Spec(HPT, label="nope", signature="classify_x_to_y"), "INVALID_ARGUMENT",
      "Unrecognized servable version label: nope"),
-    ("regress", Spec("half_plus_two", version=125, signature="regress_x_to_y"), "NOT_FOUND",
+    ("regress", Spec(HPT, version=125, signature="regress_x_to_y"), "NOT_FOUND",
      "Servable not found for request: Specific(half_plus_two, 125)"),
     ("metadata", Spec("half"), "NOT_FOUND", "Servable not found for request: Latest(half)"),
-    ("metadata", Spec("tf2_module", version=2), "NOT_FOUND", "Servable not found for request: Specific(tf2_module, 2)"),
-    ("metadata", Spec("half_plus_two", label="nope"), "INVALID_ARGUMENT",
+    ("metadata", Spec(TF2, version=2), "NOT_FOUND", "Servable not found for request: Specific(half_plus_two_tf2, 2)"),
+    ("metadata", Spec(HPT, label="nope"), "INVALID_ARGUMENT",
      "Unrecognized servable version label: nope"),
     ("status", Spec("half"), "NOT_FOUND", "Could not find any versions of model half"),
-    ("status", Spec("half_plus_two", version=99), "NOT_FOUND", "Could not find version 99 of model half_plus_two"),
+    ("status", Spec(HPT, version=99), "NOT_FOUND", "Could not find version 99 of model half_plus_two"),
 ], ids=["predict model", "predict version", "predict label", "classify model", "classify label", "regress version",
         "metadata model", "metadata version", "metadata label", "status model", "status version"])
 def test_errors_are_tf_servings(client, call, spec, code, message):
@@ -585,12 +604,21 @@ def test_errors_are_tf_servings(client, call, spec, code, message):
 
 def test_an_unknown_signature_is_refused_as_each_api_of_tf_serving_refuses_it(client):
     """predict_util.cc (gRPC): FAILED_PRECONDITION; http_rest_api_handler.cc GetInfoMap (REST): INVALID_ARGUMENT."""
-    status, message = refused(client, client.predict, Spec("half_plus_two", signature="nope"),
+    status, message = refused(client, client.predict, Spec(HPT, signature="nope"),
                               {"x": np.array([1.0], F32)}, ["y"])
     if isinstance(client, RestClient):
         assert (status, message) == (400, 'Serving signature name: "nope" not found in signature def')
     else:
         assert (status, message) == ("FAILED_PRECONDITION", 'Serving signature key "nope" not found.')
+
+
+def test_grpc_the_missing_model_tf_servings_harness_waits_on_is_not_found(grpc_client):
+    """tensorflow_model_server_test_base.py WaitForServerReady: an empty Predict for a model nobody serves; the
+    server is ready once the details say "Servable"."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "intentionally_missing_model"
+    assert refused(grpc_client, grpc_client.call, grpc_client.prediction.Predict, request) == (
+        "NOT_FOUND", "Servable not found for request: Latest(intentionally_missing_model)")
 
 
 @pytest.mark.parametrize("method", ["Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata"])
@@ -604,13 +632,11 @@ def test_grpc_a_request_without_a_model_name_is_refused_as_server_core_refuses_i
 
 
 @pytest.mark.parametrize("spec, inputs, message", [
-    (Spec("half_plus_two"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
-    (Spec("tf2_module"), {"x": np.array([1], np.int32)}, "Expects arg[0] to be float but int32 is provided"),
-    (Spec("keras_export"), {"features": np.ones((1, 3))}, "Expects arg[0] to be float but double is provided"),
-    (Spec("half_plus_two_tflite"), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
-    (Spec("tf2_module", signature="multi"), {"ids": np.array([[1, 2]], np.int64), "text": np.array([1])},
-     "Expects arg[1] to be string but int64 is provided"),
-], ids=["tf1 double", "tf2 int32", "keras double", "tflite double", "tf2 second input"])
+    (Spec(HPT), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+    (Spec(TF2), {"x": np.array([1], np.int32)}, "Expects arg[0] to be float but int32 is provided"),
+    (Spec(KERAS), {"features": np.ones((1, 3))}, "Expects arg[0] to be float but double is provided"),
+    (Spec(TFLITE), {"x": np.array([1.0])}, "Expects arg[0] to be float but double is provided"),
+], ids=["tf1 double", "tf2 int32", "keras double", "tflite double"])
 def test_grpc_tensors_of_another_dtype_are_refused_as_tf_servings_session_refuses_them(grpc_client, spec, inputs,
                                                                                        message):
     """A TensorProto says its dtype, and TF Serving feeds it to the Session as it is, whose check refuses it (its
@@ -623,8 +649,7 @@ def test_grpc_tensors_of_another_dtype_are_refused_as_tf_servings_session_refuse
 
 def test_concurrent_calls_over_every_transport_each_get_their_own_rows(clients):
     """--enable_batching merges concurrent rows of one signature; every caller must still get only its own."""
-    models = [(Spec("half_plus_two", version=123), 2.0), (Spec("half_plus_two", version=124), 3.0),
-              (Spec("tf2_module"), 2.0), (Spec("half_plus_two_tflite"), 2.0)]
+    models = [(Spec(HPT, version=123), 2.0), (Spec(HPT, version=124), 2.0), (Spec(H3), 3.0), (Spec(TFLITE), 2.0)]
 
     def call(i: int) -> bool:
         spec, intercept = models[i % len(models)]

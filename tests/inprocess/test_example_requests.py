@@ -1,5 +1,5 @@
 """tf.Example requests in process, without a server: Classify, Regress and MultiInference warmup records replayed
-on the TF1 model of tests/foreign_models.py, and serialized examples that count no pixels."""
+on TF Serving's TF1 half_plus_two (tests/tf_serving_models.py), and serialized examples that count no pixels."""
 from __future__ import annotations
 
 import os
@@ -10,12 +10,13 @@ import tensorflow as tf
 from tensorflow_serving.apis import classification_pb2, prediction_log_pb2, regression_pb2
 
 from exported_models.model_format import WARMUP_FILE
-from foreign_models import example, examples_input, multi_request, tf1_half_plus_two
+from foreign_models import example, examples_input, multi_request
 from serving.core import ServingError
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, serialized_examples
 from serving.core.images import check_pixels
 from serving.core.servable import Servable
 from serving.metrics import Metrics
+from tf_serving_models import half_plus_two
 
 
 def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> None:
@@ -28,7 +29,7 @@ def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog])
 def warmup_logs(regress_signature: str) -> list[prediction_log_pb2.PredictionLog]:
     examples = examples_input(example(x=1.0), example(x=2.0))
     classify = classification_pb2.ClassificationRequest(input=examples)
-    classify.model_spec.signature_name = "classify_x_to_classes"
+    classify.model_spec.signature_name = "classify_x_to_y"
     regress = regression_pb2.RegressionRequest(input=examples)
     regress.model_spec.signature_name = regress_signature
     multi = multi_request(("m", REGRESS_METHOD, "regress_x_to_y"), ("m", CLASSIFY_METHOD, "classify_x_to_y"))
@@ -39,12 +40,12 @@ def warmup_logs(regress_signature: str) -> list[prediction_log_pb2.PredictionLog
 
 
 def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_path):
-    version_dir = os.path.join(tf1_half_plus_two(str(tmp_path / "m"), versions=("1",)), "1")
+    version_dir = half_plus_two(str(tmp_path / "m" / "1"))
     write_warmup(version_dir, warmup_logs("regress_x_to_y2"))
     metrics = Metrics()
     assert Servable("m", 1, version_dir).warmup(metrics) == 3
-    write_warmup(version_dir, warmup_logs("classify_x_to_classes"))  # two outputs: no regression signature
-    with pytest.raises(ServingError, match=r"^Expected one output Tensor\.$"):
+    write_warmup(version_dir, warmup_logs("serving_default"))  # a predict signature: no regression signature
+    with pytest.raises(ServingError, match=r"^No regression inputs found in SignatureDef: "):
         Servable("m", 1, version_dir).warmup(metrics)
     write_warmup(version_dir, [prediction_log_pb2.PredictionLog(session_run_log=prediction_log_pb2.SessionRunLog())])
     with pytest.raises(ValueError, match=r"^Unsupported log_type for warmup: session_run_log$"):

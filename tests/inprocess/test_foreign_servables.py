@@ -1,12 +1,14 @@
-"""SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py builds them): a TF1
-graph's meta graph chosen by its tags, and a model.tflite without signatures given TF Serving's generated one. The
-same models served by `petal serve` are tests/e2e/test_foreign_loading.py."""
+"""SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py and
+tests/tf_serving_models.py build them): a TF1 graph's meta graph chosen by its tags, and a model.tflite without
+signatures given TF Serving's generated one. The same models served by `petal serve` are
+tests/e2e/test_foreign_loading.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import foreign_models
+import tf_serving_models
 from exported_models import model_format
 from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
@@ -15,14 +17,14 @@ from serving.core.servable import Servable
 def test_saved_model_tags_are_comma_separated_and_must_match_a_meta_graph(tmp_path):
     assert LoadOptions.from_flags("serve, gpu,,", False).tags == {"serve", "gpu"}
     assert LoadOptions.from_flags("", True) == LoadOptions(frozenset({"serve"}), True)
-    version = f"{foreign_models.tf1_half_plus_two(str(tmp_path), ('1',))}/1"
+    version = tf_serving_models.half_plus_two(str(tmp_path / "1"))
     refused = r"no meta graph with tags \['gpu', 'serve'\]; the SavedModel has \[\['serve'\]\]"
     with pytest.raises(ValueError, match=refused):
         Servable("m", 1, version, LoadOptions.from_flags("serve,gpu", False))
     servable = Servable("m", 1, version, LoadOptions.from_flags("serve", False))
     assert (servable.format, servable.static_shapes) == ("saved_model_session", False)
-    x = np.array([1.0, 2.0], np.float32)
-    assert servable.run("predict_x_to_y2", {"x": x}, ["y"])["y"].tolist() == [3.5, 4.0]
+    x = np.array([1.0, 2.0], np.float32)  # x:0 is [-1, 1]: fed by name, a value of any shape replaces it
+    assert servable.run("serving_default", {"x": x}, ["y"])["y"].tolist() == [2.5, 3.0]
 
 
 def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_path):

@@ -536,13 +536,15 @@ def test_v2_server_metadata(client):
                                                          "model_configuration", "statistics"]}
 
 
-@pytest.mark.parametrize("path, status", [
-    ("/v2/health/live", 200), ("/v2/health/ready", 200), ("/v2/models/flowers/ready", 200),
-    ("/v2/models/flowers/versions/1/ready", 200),
+@pytest.mark.parametrize("path, body", [
+    ("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
+    ("/v2/models/flowers/ready", {"name": "flowers", "ready": True}),
+    ("/v2/models/flowers/versions/1/ready", {"name": "flowers", "ready": True}),
 ])
-def test_v2_health_answers_have_empty_bodies(client, path, status):
-    response = client.get(path)
-    assert (response.status_code, response.get_data()) == (status, b"")
+def test_v2_health_answers_carry_the_bodies_kserve_reads(client, path, body):
+    """KServe's V2 health bodies (its server's ServerLiveResponse, ServerReadyResponse and ModelReadyResponse,
+    which its client reads); Triton's clients read only the status."""
+    assert ok_json(client.get(path)) == body
 
 
 @pytest.mark.parametrize("path, status, message", [
@@ -813,7 +815,8 @@ def test_shutting_down_is_not_ready_and_says_when_to_retry(client, core, monkeyp
     response = client.get("/readyz")
     assert_error(response, 503, "Not ready: shutting down$")
     assert response.headers["Retry-After"] == "1"
-    assert [client.get(p).status_code for p in ("/v2/health/ready", "/v2/models/flowers/ready")] == [503, 503]
+    assert [(r.status_code, r.get_json()) for r in map(client.get, ("/v2/health/ready", "/v2/models/flowers/ready"))
+            ] == [(503, {"ready": False}), (503, {"name": "flowers", "ready": False})]
     assert client.get("/healthz").status_code == 200 and client.get("/v2/health/live").status_code == 200
 
 

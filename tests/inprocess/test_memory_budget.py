@@ -10,13 +10,15 @@ import struct
 import threading
 import time
 
+import prometheus_client
 import pytest
 
 from server_harness import b64, jpeg, tiny_model_base
 from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, parse_args, resolve_memory_budget
-from serving.core import Code, ServingError
+from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
+from serving.metrics import Metrics
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.rest.app import create_app
 
@@ -67,20 +69,68 @@ def test_pixels_wait_in_their_own_share_which_bodies_never_take():
 # --- the flags ----------------------------------------------------------------------------------------------
 
 def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():
-    derived = parse_args([]).dataplane
-    assert derived.memory_budget_bytes > 0
-    assert derived.max_inflight_pixels == max(derived.memory_budget_bytes // 2 // BYTES_PER_PIXEL,
-                                              derived.max_image_pixels)
-    given = parse_args([f"--memory_budget_bytes={256 * MiB}", "--max_image_pixels=36000000"]).dataplane
-    assert (given.memory_budget_bytes, given.max_inflight_pixels) == (256 * MiB, 36_000_000)
-    old = parse_args(["--max_inflight_pixels=50000000"]).dataplane  # the old flag sets the pixel share
-    assert old.max_inflight_pixels == 50_000_000 and old.memory_budget_bytes > 50_000_000 * BYTES_PER_PIXEL
+    derived = parse_args([])
+    assert derived.dataplane.memory_budget_bytes == 0, "the options keep what was asked for: derive it"
+    budget, pixels = resolve_memory_budget(derived)
+    assert budget > 0 and pixels == max(budget // 2 // BYTES_PER_PIXEL, derived.dataplane.max_image_pixels)
+    given = parse_args([f"--memory_budget_bytes={256 * MiB}", "--max_image_pixels=36000000"])
+    assert resolve_memory_budget(given) == (256 * MiB, 36_000_000)
+    old = parse_args(["--max_inflight_pixels=50000000"])  # the old flag sets the pixel share
+    budget, pixels = resolve_memory_budget(old)
+    assert pixels == 50_000_000 and budget > 50_000_000 * BYTES_PER_PIXEL
     for off in (["--max_inflight_pixels=-1"], ["--memory_budget_bytes=-1"]):
-        dataplane = parse_args(off).dataplane
-        assert (dataplane.memory_budget_bytes, dataplane.max_inflight_pixels) == (-1, -1)
+        assert resolve_memory_budget(parse_args(off)) == (-1, -1)
     with pytest.raises(ValueError, match="leave room for request bodies"):
         resolve_memory_budget(ServerOptions(DataPlaneOptions(memory_budget_bytes=100 * MiB,
                                                              max_inflight_pixels=40_000_000)))
+    with pytest.raises(SystemExit):  # and parse_args refuses them at start
+        parse_args([f"--memory_budget_bytes={100 * MiB}", "--max_inflight_pixels=40000000"])
+
+
+# --- measured once the models have loaded -------------------------------------------------------------------------
+
+def test_a_pending_budget_admits_no_body_until_it_is_settled():
+    metrics = Metrics()
+    budget = MemoryBudget(1000, 100, metrics, pending=True)
+    with pytest.raises(ServingError) as pending:
+        budget.hold(1)
+    assert pending.value.code == Code.UNAVAILABLE and "once its models have loaded" in pending.value.message
+    assert "memory_budget_bytes{" not in exported(metrics), "no limit is shown before it is known"
+    budget.settle(2000, 200)
+    assert (budget.limit, budget.pixel_limit, budget.body_limit) == (2000, 200, 1200)
+    with budget.hold(1200):
+        assert budget.held == 1200
+    assert ':petal:serving:memory_budget_bytes{kind="bodies"} 1200.0' in exported(metrics)
+    assert ':petal:serving:memory_budget_bytes{kind="pixels"} 800.0' in exported(metrics)
+
+
+def exported(metrics: Metrics) -> str:
+    return prometheus_client.generate_latest(metrics.registry).decode()
+
+
+@pytest.mark.parametrize("measured", [(64 * MiB, 4_000_000), None])
+def test_the_core_settles_its_budget_after_the_load_and_before_it_starts(measured):
+    """None: the measurement fails, and the estimate it started with stands rather than a budget that refuses all."""
+    order: list[str] = []
+
+    def measure() -> tuple[int, int]:
+        order.append("loaded" if core.repository.ready() else "loading")
+        assert not core.startup.done, "the gate opens only once the budget is known"
+        if measured is None:
+            raise OSError("no cgroup files")
+        return measured
+
+    options = DataPlaneOptions(model_base_path=tiny_model_base(), file_system_poll_wait_seconds=0,
+                               memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS)
+    core = DataPlane.create(options, budget_after_load=measure)
+    try:
+        assert core.wait_started(time.monotonic() + 60)
+        core.wait_loaded()  # a second caller does not measure again
+        assert order == ["loaded"]
+        assert (core.memory.limit, core.memory.pixel_limit) == (measured or (BUDGET, PIXELS))
+        core.memory.hold(1).release()
+    finally:
+        core.close()
 
 
 # --- over HTTP ----------------------------------------------------------------------------------------------

@@ -243,3 +243,25 @@ def test_pixel_budget_waits_and_lets_an_oversized_call_run_alone():
     assert budget.acquire(50)  # larger than the budget: runs alone rather than never
     budget.release(50)
     assert MemoryBudget(-1, -1).acquire(10 ** 12)
+
+
+def test_a_model_whose_outputs_do_not_follow_the_batch_answers_each_request_alone():
+    """Its declared shapes said it batches, but it answers a batch with one scalar: never INTERNAL. Each request of
+    that batch runs again alone, and the later ones skip the batch queue."""
+    calls = []
+
+    def total(inputs):
+        calls.append(inputs["x"].shape[0])
+        time.sleep(0.02)
+        return {"y": np.float32(inputs["x"].sum())}
+
+    batcher = Batcher(BatchingOptions(max_batch_size=16, batch_timeout_micros=100_000, num_batch_threads=1),
+                      Metrics())
+    results, errors = run_concurrently(batcher, total, [1.0, 2.0, 3.0])
+    assert not errors, errors
+    assert {v: float(out["y"]) for v, out in results.items()} == {1.0: 1.0, 2.0: 2.0, 3.0: 3.0}
+    assert calls[0] > 1 and set(calls[1:]) == {1}  # a batch, then each of its requests alone
+    calls.clear()
+    results, errors = run_concurrently(batcher, total, [4.0, 5.0])
+    assert not errors and calls == [1, 1] and {float(out["y"]) for out in results.values()} == {4.0, 5.0}
+    batcher.close()

@@ -112,7 +112,7 @@ def test_instances_are_isolated_in_process():
     assert second.rejected.value(model_name="a", reason="queue_full") == 0
     assert ':petal:serving:rejected_requests{' not in second.render()
     # Every family is declared, even with no samples yet.
-    assert Metrics().render().count("# TYPE ") == 18
+    assert Metrics().render().count("# TYPE ") == 19
 
 
 def _worker(requests: int, queued: int, ready, done) -> None:

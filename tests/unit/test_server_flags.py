@@ -3,6 +3,7 @@ and the pieces behind three of them that need no server (the far-deadline waits,
 socket's ownership). Servers that use them run in tests/e2e/test_grpc_socket.py and tests/e2e/test_startup_order.py."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -198,47 +199,102 @@ def test_startup_opens_once_loaded_and_every_port_is_open():
     assert gate.wait(time.monotonic())
 
 
-# --- the Unix socket's owner and its stale files --------------------------------------------------------------
+# --- the Unix socket: which worker binds it, taking it over from another server, and giving it back -------------
+
+def listening(path: str) -> socket.socket:
+    """A server's socket listening at `path`."""
+    server = socket.socket(socket.AF_UNIX)
+    server.settimeout(5)  # an accept that nothing reaches fails the test rather than hanging it
+    server.bind(path)
+    server.listen()
+    return server
+
+
+def bind_and_publish(binding: unix_socket.Binding) -> socket.socket:
+    """What the worker's gRPC server does with its binding: listen on the bound name, then publish it."""
+    server = listening(binding.bound)
+    binding.publish()
+    return server
+
 
 def test_only_one_worker_claims_the_socket_and_the_lock_frees_with_its_holder(tmp_path):
-    assert unix_socket.claim("")  # a single worker needs no lock
-    assert unix_socket.claim(str(tmp_path))
-    assert not unix_socket.claim(str(tmp_path))  # a sibling (another open file) is refused
+    path = str(tmp_path / "grpc.sock")
+    assert unix_socket.claim(path, str(tmp_path)) is not None
+    assert unix_socket.claim(path, str(tmp_path)) is None  # a sibling (another open file) is refused
     os.close(unix_socket._held.pop())  # the holder dies: the kernel drops its lock
-    assert unix_socket.claim(str(tmp_path))
+    assert unix_socket.claim(path, str(tmp_path)) is not None
     os.close(unix_socket._held.pop())
 
 
-def test_a_stale_socket_may_be_replaced_but_a_live_one_or_another_file_never(tmp_path):
-    path = str(tmp_path / "grpc.sock")
-    unix_socket.check_free(path)  # nothing there
-    live = socket.socket(socket.AF_UNIX)
-    live.bind(path)
-    live.listen()
-    with pytest.raises(OSError, match="another server is listening"):
-        unix_socket.check_free(path)
-    unix_socket.remove_stale(path)
+def test_a_new_server_takes_a_live_socket_over_naming_its_owner_and_removes_only_its_own(tmp_path, caplog):
+    path, mine, theirs = str(tmp_path / "grpc.sock"), tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    old = listening(path)  # another server's, this test process standing in for it
+    binding = unix_socket.claim(path, str(mine))
+    assert binding.bound == f"{path}.{os.getpid()}" and binding.old_owner.startswith(f"pid {os.getpid()} (")
+    with caplog.at_level(logging.WARNING, logger=unix_socket.__name__):
+        new = bind_and_publish(binding)
+    [warning] = [r for r in caplog.records if r.name == unix_socket.__name__]
+    assert warning.fields == {"path": path, "old_owner": binding.old_owner}
+    assert sorted(os.listdir(tmp_path)) == ["grpc.sock", "mine", "theirs"]  # the bound name was renamed
+    with socket.socket(socket.AF_UNIX) as client:  # the path leads to the new socket now
+        client.connect(path)
+        accepted, _ = new.accept()
+        accepted.close()
+    os.close(unix_socket._held.pop())
+    newer = unix_socket.claim(path, str(theirs))  # a third server takes it over in turn
+    newest = bind_and_publish(newer)
+    os.close(unix_socket._held.pop())
+    unix_socket.release(path, str(mine))  # the second server exits: the path is not its socket any more
     assert os.path.exists(path)
-    live.close()  # the server is gone; its file stays behind
-    unix_socket.check_free(path)
-    unix_socket.remove_stale(path)
+    unix_socket.release(path, str(theirs))
     assert not os.path.exists(path)
-    regular = tmp_path / "notes.txt"
-    regular.write_text("keep me")
-    with pytest.raises(OSError, match="not a socket"):
-        unix_socket.check_free(str(regular))
-    unix_socket.remove_stale(str(regular))
-    assert regular.read_text() == "keep me"
+    for server in (old, new, newest):
+        server.close()
+
+
+def test_a_replacement_worker_takes_its_servers_socket_back_but_not_a_newer_servers(tmp_path):
+    path, mine, theirs = str(tmp_path / "grpc.sock"), tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    first = bind_and_publish(unix_socket.claim(path, str(mine)))
+    os.close(unix_socket._held.pop())
+    first.close()  # the worker dies; its socket file stays
+    replacement = unix_socket.claim(path, str(mine))
+    assert replacement is not None and not replacement.old_owner  # its own stale socket: no warning
+    second = bind_and_publish(replacement)
+    os.close(unix_socket._held.pop())
+    newer = bind_and_publish(unix_socket.claim(path, str(theirs)))  # another server takes the path
+    os.close(unix_socket._held.pop())
+    second.close()
+    assert unix_socket.claim(path, str(mine)) is None  # the next replacement leaves it to the newer server
+    os.close(unix_socket._held.pop())
+    newer.close()  # ... unless that one is gone too
+    assert unix_socket.claim(path, str(mine)) is not None
+    os.close(unix_socket._held.pop())
 
 
 def test_a_socket_path_petal_cannot_bind_fails_at_start_naming_it(tmp_path):
     with pytest.raises(OSError, match="longer than a Unix socket path"):
-        unix_socket.check_free("/tmp/" + "s" * 103)
+        unix_socket.check_path("/tmp/" + "s" * 103)
     with pytest.raises(OSError, match="its folder does not exist"):
-        unix_socket.check_free(str(tmp_path / "missing" / "grpc.sock"))
+        unix_socket.check_path(str(tmp_path / "missing" / "grpc.sock"))
     taken = tmp_path / "grpc.sock"
     taken.write_text("not a socket")
     result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--grpc_socket_path={taken}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and f"--grpc_socket_path {str(taken)!r} exists and is not a socket" in result.stderr
     assert taken.read_text() == "not a socket"
+
+
+def test_a_config_file_that_does_not_parse_stops_the_server_with_tf_servings_text(tmp_path):
+    """TF Serving's testBadModelConfig starts the server on testdata/bad_model_config.txt and looks for this text on
+    stderr."""
+    config = tmp_path / "bad_model_config.txt"
+    config.write_text("improperly formatted file")
+    result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--model_config_file={config}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Error parsing text-format tensorflow.serving.ModelServerConfig: 1:1 : " in result.stderr
+    assert f"Invalid protobuf file: '{config}'" in result.stderr

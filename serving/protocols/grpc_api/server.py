@@ -55,14 +55,14 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
 
 
 def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
-          shared_dir: str = "") -> grpc.Server | None:
+          runtime_dir: str) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
-    --grpc_socket_path if this worker serves it (`shared_dir`: the folder the workers share, where they decide
-    which); None when it has neither to serve."""
+    --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
+    decide which); None when it has neither to serve."""
     addresses = [bind_address(protocols.host, protocols.port)] if protocols.port else []
-    if protocols.grpc_socket_path and unix_socket.claim(shared_dir):
-        unix_socket.check_free(protocols.grpc_socket_path)
-        addresses.append(f"unix:{protocols.grpc_socket_path}")
+    binding = unix_socket.claim(protocols.grpc_socket_path, runtime_dir) if protocols.grpc_socket_path else None
+    if binding is not None:
+        addresses.append(binding.address)
     if not addresses:
         return None
     max_message = protocols.grpc_max_message_bytes
@@ -90,6 +90,8 @@ def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions
         if not bound:
             raise OSError(f"cannot bind gRPC to {address}")
     server.start()
+    if binding is not None:
+        binding.publish()
     log.info("gRPC server started", extra={"fields": {"addresses": addresses, "tls": bool(security.tls),
                                                       "max_message_bytes": max_message}})
     return server

@@ -24,27 +24,28 @@ from serving.protocols.rest.httputil import JSON_MIMETYPE, request_body
 
 def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
     """The V2 routes bound to `core`. Every failure is a JSON {"error"} with the TF code's HTTP status (the app's
-    error handlers make it), except health answers, whose bodies are empty (docs/protocols.md, 'Endpoints')."""
+    error handlers make it), except health answers: 200 or 503, with the body KServe's clients read (`{"live":
+    true}`, `{"ready": ...}`), as Triton's read only the status (docs/protocols.md, 'Endpoints')."""
     bp = flask.Blueprint("kserve_v2", __name__)
 
-    def probe(ok: bool) -> flask.Response:
-        return flask.Response(status=200 if ok else 503)
+    def probe(field: str, ok: bool, **extra: str) -> tuple[dict[str, Any], int]:
+        return {**extra, field: ok}, 200 if ok else 503
 
     @bp.get("/v2")
     def server_metadata() -> Any:
         return {"name": "petal", "version": "1", "extensions": v2.EXTENSIONS}
 
     @bp.get("/v2/health/live")
-    def live() -> flask.Response:
-        return probe(True)
+    def live() -> tuple[dict[str, Any], int]:
+        return probe("live", True)
 
     @bp.get("/v2/health/ready")
-    def ready() -> flask.Response:
-        return probe(core.ready())
+    def ready() -> tuple[dict[str, Any], int]:
+        return probe("ready", core.ready())
 
     @bp.get("/v2/models/<model>/ready")
     @bp.get("/v2/models/<model>/versions/<version>/ready")
-    def model_ready(model: str, version: str | None = None) -> flask.Response:
+    def model_ready(model: str, version: str | None = None) -> tuple[dict[str, Any], int]:
         """An unknown model or version is an error, a 404 with a JSON body as TF Serving answers it, not the probe's
         false, which is for a known version that is not AVAILABLE (loading, say) or a server shutting down."""
         if model not in core.model_names():
@@ -52,7 +53,7 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
         number = parse_version(version)
         if number is not None:
             core.status(model, number)  # NOT_FOUND for a version the model does not have
-        return probe(core.model_ready(model, number))
+        return probe("ready", core.model_ready(model, number), name=model)
 
     @bp.get("/v2/models/<model>")
     @bp.get("/v2/models/<model>/versions/<version>")
