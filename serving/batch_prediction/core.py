@@ -60,6 +60,9 @@ FORMATS = ("images", "filelist", "tfrecord", "jsonl")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".jsonl": "jsonl",
                ".json": "jsonl", ".txt": "filelist", ".lst": "filelist", ".list": "filelist"}
 _SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")
+# A TFRecord is its length (8 bytes) and the length's CRC (4), the data, and the data's CRC (4).
+_TFRECORD_HEADER = 12
+_TFRECORD_FRAMING = _TFRECORD_HEADER + 4
 
 Opener = Callable[[str], BinaryIO]
 
@@ -135,14 +138,31 @@ def _example_record(position: str, serialized: bytes, mode: str) -> Record | Fai
 
 def read_tfrecord_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failure]:
     """Every tf.train.Example in one TFRecord file to `(key, image/encoded)` (other modes: the example as it is),
-    streamed; unreadable data after some record is one more failure."""
-    index = -1
+    streamed; a tail that is not whole records is one more failure, keyed by the next record's position.
+
+    TensorFlow's reader stops without a word at a file cut inside a record header, so the bytes its records
+    account for are compared with the file's size: whatever is left over is reported, with its byte offset.
+    """
+    try:
+        size = tf.io.gfile.stat(path).length
+    except tf.errors.OpError as e:
+        status = "NOT_FOUND" if isinstance(e, tf.errors.NotFoundError) else "UNAVAILABLE"
+        yield Failure(f"{path}:0", status, f"cannot read the file: {op_error_message(e.message)}")
+        return
+    index, offset = -1, 0
     try:
         for index, serialized in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+            offset += len(serialized) + _TFRECORD_FRAMING
             yield _example_record(f"{path}:{index}", serialized, mode)
     except tf.errors.OpError as e:
-        yield Failure(f"{path}:{index + 1}", "DATA_LOSS", f"unreadable TFRecord data after record {index}: "
-                                                         f"{e.message}")
+        reason = op_error_message(e.message)
+    else:
+        if offset == size:
+            return
+        reason = f"the file ends {size - offset} bytes into a record's {_TFRECORD_HEADER}-byte header"
+    after = f"after record {index}" if index >= 0 else "before any record"
+    yield Failure(f"{path}:{index + 1}", "DATA_LOSS",
+                  f"{path}: byte {offset} of {size} does not start a whole TFRecord ({after}): {reason}")
 
 
 def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
