@@ -11,13 +11,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.batch_prediction import any_model, core
+from serving.batch_prediction import core
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    # Imported here, on the driver: Beam's workers import this module with the job's steps (job.py), and an image
+    # job's workers need none of the any-model stack (docs/batch.md, 'Lean workers').
+    from serving.batch_prediction import any_model
+
     parser.add_argument("--engine", choices=sorted(ENGINES), default="beam",
                         help="Apache Beam (the default: DirectRunner, Dataflow, ...) or Apache Spark")
     parser.add_argument("--model_dir", required=True,

@@ -13,6 +13,9 @@ nothing else for the work itself, so both engines read, key, decode, batch, pred
   is padded and the padding rows are dropped again before anything is returned;
 - a result or an error as one JSON line, and the job's summary, which says whether rows in = results + errors.
 
+Any other SavedModel's parts (any_model, and the server's loaders and codecs behind it) are imported only by a job
+that runs one, so that an image job's workers start without them (docs/batch.md, 'Lean workers').
+
 Files are opened through a function the engine passes in (Beam's FileSystems.open, or TensorFlow's gfile on
 Spark), so each engine reads the filesystems it knows.
 """
@@ -26,7 +29,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -41,7 +44,6 @@ from exported_models.model_format import (
     read_signatures,
     version_labels,
 )
-from serving.batch_prediction import any_model
 from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
 
@@ -174,6 +176,8 @@ def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
         return Failure(position, "INVALID_ARGUMENT", "line must be a JSON object with key and image_bytes")
     key = row.get("key", position)
     if mode != IMAGES:
+        from serving.batch_prediction import any_model
+
         try:
             return key, any_model.record_payload(mode, row)
         except ServingError as error:
@@ -232,6 +236,8 @@ def read_model_info(model_dir: str, signature_name: str | None = None, method: s
 
 def _any_model_info(path: str, signatures: dict, signature_name: str, method: str | None,
                     input_format: str | None) -> ModelInfo:
+    from serving.batch_prediction import any_model
+
     if signature_name not in signatures:
         raise ValueError(f"{path} has no {signature_name!r} signature (has {sorted(signatures)})")
     mode = any_model.choose_method(signature_name, signatures[signature_name], method)
@@ -312,7 +318,12 @@ class StaticBatchClassifier:
         return [{k: v[i] for k, v in outputs.items()} for i in range(len(images))]
 
 
-BatchModel = StaticBatchClassifier | any_model.SignatureBatchModel
+class BatchModel(Protocol):
+    """What both engines run: StaticBatchClassifier, or any_model.SignatureBatchModel for any other SavedModel."""
+
+    batch_size: int
+
+    def predict_rows(self, rows: Sequence[Any]) -> list[Any]: ...
 
 
 def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str | None = None) -> BatchModel:
@@ -322,6 +333,8 @@ def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str
         return StaticBatchClassifier(info, batch_size, use_tpu, tpu)
     if use_tpu:
         raise ValueError("--use_tpu runs only Petal's image classifiers (their predict_images signature)")
+    from serving.batch_prediction import any_model
+
     return any_model.SignatureBatchModel(info.path, info.signature, info.mode, batch_size)
 
 
@@ -350,6 +363,8 @@ class PayloadDecoder:
     """`(key, payload)` to `(key, row)` for any other SavedModel, with the signature read from saved_model.pb."""
 
     def __init__(self, info: ModelInfo):
+        from serving.batch_prediction import any_model
+
         self._decode = any_model.RowDecoder(info.mode, read_signatures(info.path)[info.signature])
 
     def __call__(self, key: Any, payload: Any) -> tuple[Any, Any] | Failure:
@@ -389,10 +404,12 @@ def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[st
 
 def result_line(key: Any, prediction: Any, info: ModelInfo, top_k: int) -> tuple[bool, str]:
     """One prediction as `(is_result, json_line)`: a row the model refused is an error line like any other."""
-    if isinstance(prediction, any_model.RowError):
-        return False, Failure(key, prediction.status, prediction.message).to_json()
     if info.mode == IMAGES:
         return True, json.dumps(prediction_row(key, prediction, info.labels, top_k))
+    from serving.batch_prediction import any_model
+
+    if isinstance(prediction, any_model.RowError):
+        return False, Failure(key, prediction.status, prediction.message).to_json()
     return True, json.dumps({"key": key, any_model.RESULT_FIELD[info.mode]: prediction})
 
 
