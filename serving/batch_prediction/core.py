@@ -88,6 +88,11 @@ class Failure:
 Record = tuple[Any, bytes]
 
 
+def is_url(path: str) -> bool:
+    """`gs://…`, `hdfs://…`, `file:///…`: a path every worker resolves alike, never rewritten."""
+    return bool(_SCHEME.match(path))
+
+
 def infer_format(pattern: str) -> str:
     """The format a pattern's extension implies; anything unrecognised is taken to be image files."""
     return _EXTENSIONS.get(posixpath.splitext(pattern.rstrip("*"))[1].lower(), "images")
@@ -113,7 +118,7 @@ def file_list_path(list_file: str, line: str) -> str | None:
     path = line.strip()
     if not path:
         return None
-    return path if _SCHEME.match(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
+    return path if is_url(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
                                                                                    path)
 
 
@@ -336,6 +341,22 @@ def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str
     from serving.batch_prediction import any_model
 
     return any_model.SignatureBatchModel(info.path, info.signature, info.mode, batch_size)
+
+
+def check_model(info: ModelInfo) -> None:
+    """Loads the model and checks the signature the job runs, on the default device, and lets it go again: what
+    the driver does before any worker starts (serving/batch_prediction/preflight.py). An image classifier's
+    `predict_images` must take `images` and give the outputs the job reads; any other model loads as the server
+    loads it."""
+    if info.mode != IMAGES:
+        load_model(info, 1)
+        return
+    signature = tf.saved_model.load(info.path).signatures[SIGNATURE]
+    takes = set(signature.structured_input_signature[1])
+    gives = set(signature.structured_outputs)
+    if takes != {SIGNATURE_INPUT} or not gives >= set(DEVICE_OUTPUTS):
+        raise ValueError(f"{SIGNATURE} takes {sorted(takes)} and gives {sorted(gives)}; the job needs "
+                         f"{SIGNATURE_INPUT!r} in and {', '.join(DEVICE_OUTPUTS)} out")
 
 
 def predict_batch(model: BatchModel, rows: Sequence[Any]) -> list[Any]:
