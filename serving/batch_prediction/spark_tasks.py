@@ -2,8 +2,8 @@
 
 Kept apart from the driver's code (serving/batch_prediction/spark_job.py), so that unpickling a task imports only
 what scoring uses: this module, the engine-free core and TensorFlow (without Keras: see
-serving/batch_prediction/__init__.py), never Spark SQL, the flags or the any-model stack an image job does not run
-(docs/batch.md, 'Lean workers').
+serving/batch_prediction/__init__.py), never the driver's job, flags or checks, nor the any-model stack an image
+job does not run (docs/batch.md, 'Lean workers').
 
 The model loads once per executor Python worker (Spark reuses them across tasks) with TensorFlow's thread pools
 sized to the task's cores; a model the driver shipped with the job (spark_job.ship_model) is read from the
