@@ -17,9 +17,11 @@
    thread each with a channel of their own.
 4. The load generator is checked not to be the bottleneck: its ceiling on a trivial endpoint (/healthz, gRPC
    health Check) at the same concurrency is printed beside the rates measured, and so is its own CPU per request.
-5. CPU is accounted per image (the server's processes from /proc, the load generator's own), which gives the bound
-   the cores allow: every image needs the model's best-batch CPU plus at least a trivial request's CPU, client
-   included, since both share this machine. A ratio to the limit is read against that bound.
+5. CPU is accounted per image (the server's whole process tree from /proc, the load generator's own), which gives
+   the bound the cores allow: every image needs the model's best-batch CPU plus at least a trivial request's CPU,
+   client included, since both share this machine. A ratio to the limit is read against that bound. Each server's
+   CPU per image is a column of the table, and at the first concurrency it is also compared with the CPU of one
+   in-process single-image call.
 Everything runs side by side in one run, in interleaved rounds (each cell is the median round), so the ratios
 hold even though absolute times on a shared machine do not.
 """
@@ -69,14 +71,22 @@ class Requests:
     server_pid: int  # its CPU time (with its worker processes) is sampled over the measured window
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its children (gunicorn's master and workers), from /proc."""
-    total = 0.0
-    for p in [pid] + [int(c) for c in _read(f"/proc/{pid}/task/{pid}/children").split()]:
-        fields = _read(f"/proc/{p}/stat").rsplit(")", 1)[-1].split()
-        if len(fields) > 12:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a server's whole process tree (gunicorn's master, its workers, anything they started),
+    from /proc: every live process descended from `pid`, with the CPU of the children each has reaped."""
+    stats: dict[int, list[str]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _read(f"/proc/{name}/stat").rsplit(")", 1)[-1].split()
+            if len(fields) > 14:
+                stats[int(name)] = fields  # fields[1] is the parent; 11-14 utime, stime, cutime, cstime
+    tree, grown = {pid}, True
+    while grown:
+        found = {p for p, fields in stats.items() if int(fields[1]) in tree} - tree
+        tree |= found
+        grown = bool(found)
+    ticks = sum(int(f) for p in tree if p in stats for f in stats[p][11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _read(path: str) -> str:
@@ -223,9 +233,9 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
     thread = threading.Thread(target=drive, args=(requests, concurrency, start_at, stop_at, latencies, errors))
     thread.start()
     time.sleep(max(0.0, start_at - time.monotonic()))
-    own, server = time.process_time(), tree_cpu_seconds(requests.server_pid)
+    own, server = time.process_time(), server_cpu_seconds(requests.server_pid)
     time.sleep(max(0.0, stop_at - time.monotonic()))
-    own, server = time.process_time() - own, tree_cpu_seconds(requests.server_pid) - server
+    own, server = time.process_time() - own, server_cpu_seconds(requests.server_pid) - server
     thread.join()
     flat = np.array([x for per in latencies for x in per]) * 1000
     percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
@@ -321,6 +331,7 @@ class Limit:
     callers: int  # with this many threads calling at once
     cpu_ms: float  # CPU per image there
     single_ms: float  # p50 latency of a one-image call
+    single_cpu_ms: float = 0.0  # CPU per one-image call
     threads: str = ""  # the THREAD_SETTINGS entry
 
 
@@ -380,10 +391,12 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
                 best = Limit(rate, size, callers, 1000 * cpu / count, 0.0)
     singles = [tf.constant([p]) for p in photos]
     times = []
+    cpu = time.process_time()
     for i in range(max(200, int(seconds * 100))):
         started = time.monotonic()
         signature(image_bytes=singles[i % len(singles)])["probabilities"].numpy()
         times.append(time.monotonic() - started)
+    best.single_cpu_ms = 1000 * (time.process_time() - cpu) / len(times)
     best.single_ms = float(np.percentile(times, 50) * 1000)
     return best
 
@@ -475,23 +488,32 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
     print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average)\n")
     for each in limits:
         print(f"- in-process with {each.threads}: {each.rate:.0f} images/s (batch {each.batch}, {each.callers} "
-              f"calling, {each.cpu_ms:.2f} ms CPU per image), single image {each.single_ms:.2f} ms")
+              f"calling, {each.cpu_ms:.2f} ms CPU per image), single image {each.single_ms:.2f} ms "
+              f"({each.single_cpu_ms:.2f} ms CPU)")
     limit = dataclasses.replace(max(limits, key=lambda each: each.rate),
-                                single_ms=min(each.single_ms for each in limits))
-    print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms\n")
+                                single_ms=min(each.single_ms for each in limits),
+                                single_cpu_ms=min(each.single_cpu_ms for each in limits))
+    print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms, "
+          f"{limit.single_cpu_ms:.2f} ms CPU\n")
     ratios = [("grpc", "rest")] + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
     print("| concurrency | " + " | ".join(f"{titles[c]} img/s (p50 / p95 / p99 ms)" for c in columns)
           + " | REST / limit | gRPC / limit | V2 / limit | "
-          + " | ".join(f"{SHORT[a]} / {SHORT[b]}" for a, b in ratios) + " |")
-    print("|---" * (len(columns) + 4 + len(ratios)) + "|")
+          + " | ".join(f"{SHORT[a]} / {SHORT[b]}" for a, b in ratios) + " | "
+          + " | ".join(f"{titles[c]} server CPU ms/image" for c in columns) + " |")
+    print("|---" * (2 * len(columns) + 4 + len(ratios)) + "|")
     for c in levels:
         r = {col: results[col][c] for col in columns}
         print(f"| {c} | " + " | ".join(cell(r[col]) for col in columns)
               + "".join(f" | {r[col]['rps'] / limit.rate:.2f}" for col in ("rest", "grpc", "v2"))
-              + "".join(f" | {r[a]['rps'] / max(r[b]['rps'], 1e-9):.2f}" for a, b in ratios) + " |")
+              + "".join(f" | {r[a]['rps'] / max(r[b]['rps'], 1e-9):.2f}" for a, b in ratios)
+              + "".join(f" | {r[col]['server_cpu_ms']:.2f}" for col in columns) + " |")
     first = levels[0]
     print(f"\np50 overhead at concurrency {first} over the in-process {limit.single_ms:.2f} ms: "
           + ", ".join(f"{titles[col]} {results[col][first]['p50'] - limit.single_ms:+.2f} ms" for col in columns))
+    print(f"server CPU per image at concurrency {first} over the in-process single image's "
+          f"{limit.single_cpu_ms:.2f} ms: "
+          + ", ".join(f"{titles[col]} {results[col][first]['server_cpu_ms'] / max(limit.single_cpu_ms, 1e-9):.2f}x"
+                      for col in columns))
     for c in ceilings["http"]:
         print(f"at concurrency {c}, CPU per image (server + load generator): "
               + ", ".join(f"{titles[col]} {r['server_cpu_ms']:.2f} + {r['loadgen_cpu_ms']:.2f} ms"

@@ -116,6 +116,8 @@ class DataPlaneOptions:
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     tensorflow_thread_nice: int = 10
+    tensorflow_thread_spinning: bool = False  # idle TensorFlow pool threads sleep at once (docs/performance.md)
+    per_process_gpu_memory_fraction: float = 0.0  # of each GPU's memory; 0: TensorFlow's choice
     max_image_pixels: int = 40_000_000
     max_inflight_pixels: int = 0  # 0: derived from the memory budget; -1: no budget
     memory_budget_bytes: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
@@ -363,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--tensorflow_thread_nice", type=int, default=d.tensorflow_thread_nice, choices=range(20), metavar="0-19",
          help="(Petal) how much lower TensorFlow's compute threads run than the threads that read and answer "
          "requests (Linux nice); 0: the same")
+    flag("--tensorflow_thread_spinning", default=d.tensorflow_thread_spinning, help="(Petal) TensorFlow's idle pool "
+         "threads spin-wait for the next op before they sleep, as TensorFlow's default does; false: they sleep at "
+         "once (ConfigProto.experimental.disable_thread_spinning)", **boolean)
+    flag("--per_process_gpu_memory_fraction", type=float, default=d.per_process_gpu_memory_fraction,
+         help="the share of each GPU's memory every worker takes; 0: TensorFlow's choice (with --workers > 1, "
+         "memory growth)")
     flag("--tensorflow_session_parallelism", type=int, default=0,
          help="both of the two above, where neither is given")
     flag("--monitoring_config_file", default=d.monitoring_config_file,
@@ -508,6 +516,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
     if parallelism > 0 and d.tensorflow_intra_op_parallelism > 0 and d.tensorflow_inter_op_parallelism > 0:
         parser.error("give either --tensorflow_session_parallelism or --tensorflow_intra_op_parallelism and "
                      "--tensorflow_inter_op_parallelism, not all three")
+    if d.per_process_gpu_memory_fraction < 0:
+        parser.error("--per_process_gpu_memory_fraction must be at least 0")
     if parallelism > 0 and not (d.tensorflow_intra_op_parallelism or d.tensorflow_inter_op_parallelism):
         d.tensorflow_intra_op_parallelism = d.tensorflow_inter_op_parallelism = parallelism
     try:

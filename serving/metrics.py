@@ -140,6 +140,11 @@ class _Metric:
             child = self._children[key] = self._metric.labels(*self._normal(key))
         return child
 
+    def series(self, **labels: Any) -> Any:
+        """The `prometheus_client` child of one label set, for a caller that updates it on every request: holding
+        it spares the label lookup per update (its `inc`, `set` or `observe` is then the only work)."""
+        return self._child(labels)
+
     @staticmethod
     def _normal(key: tuple[Any, ...]) -> tuple[str, ...]:
         return tuple("" if v is None else str(v) for v in key)
@@ -280,6 +285,18 @@ class Stage:
 
 
 @dataclass
+class _VersionSeries:
+    """One model version's statistics series (`prometheus_client` children), resolved once."""
+    success: Any
+    fail: Any
+    last_inference: Any
+    queue: Any
+    compute: Any
+    inferences: Any
+    executions: dict[int, Any] = field(default_factory=dict)  # by executed (padded) batch size
+
+
+@dataclass
 class VersionStatistics:
     """One model version's totals since the server started, across workers: Triton's ModelStatistics."""
     success: Stage = field(default_factory=Stage)
@@ -360,22 +377,40 @@ class Metrics:
             self.memory_budget, self.load_latency, self.loaded_versions, self.warmup_requests, self.version_requests,
             self.version_queue, self.version_compute, self.version_executions, self.version_inferences,
             self.version_last_inference]
+        self._versions: dict[tuple[str, int], _VersionSeries] = {}
 
     def record_request(self, model: str, version: int, ok: bool, elapsed_us: float) -> None:
         """A request that reached a model version ended (the core calls this for every protocol)."""
-        labels = {"model_name": model, "version": str(version)}
-        self.version_requests.observe(elapsed_us, outcome="success" if ok else "fail", **labels)
-        self.version_last_inference.set(int(time.time() * 1000), **labels)
+        series = self._version_series(model, version)
+        (series.success if ok else series.fail).observe(elapsed_us)
+        series.last_inference.set(int(time.time() * 1000))
 
     def record_execution(self, model: str, version: int, queued_us: list[float], rows: int, batch_size: int,
                          elapsed_us: float) -> None:
         """One model execution serving requests that waited `queued_us` each (the batcher calls this)."""
-        labels = {"model_name": model, "version": str(version)}
+        series = self._version_series(model, version)
         for wait in queued_us:
-            self.version_queue.observe(wait, **labels)
-            self.version_compute.observe(elapsed_us, **labels)
-        self.version_inferences.inc(rows, **labels)
-        self.version_executions.observe(elapsed_us, batch_size=str(batch_size), **labels)
+            series.queue.observe(wait)
+            series.compute.observe(elapsed_us)
+        series.inferences.inc(rows)
+        execution = series.executions.get(batch_size)
+        if execution is None:
+            execution = series.executions[batch_size] = self.version_executions.series(
+                model_name=model, version=str(version), batch_size=str(batch_size))
+        execution.observe(elapsed_us)
+
+    def _version_series(self, model: str, version: int) -> _VersionSeries:
+        """A version's statistics series, looked up by label once (record_request and record_execution run for
+        every request, and six label lookups each cost more than the updates themselves)."""
+        series = self._versions.get((model, version))
+        if series is None:
+            labels = {"model_name": model, "version": str(version)}
+            series = self._versions[(model, version)] = _VersionSeries(
+                self.version_requests.series(outcome="success", **labels),
+                self.version_requests.series(outcome="fail", **labels),
+                self.version_last_inference.series(**labels), self.version_queue.series(**labels),
+                self.version_compute.series(**labels), self.version_inferences.series(**labels))
+        return series
 
     def version_statistics(self) -> dict[tuple[str, int], VersionStatistics]:
         """Every model version's totals so far, summed over all workers in multiprocess mode."""

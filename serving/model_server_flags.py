@@ -41,8 +41,6 @@ UNIMPLEMENTED = (
                   "Petal has no ALTS credentials; use --ssl_config_file for TLS"),
     Unimplemented("platform_config_file", "str", ("",), True,
                   "Petal serves the tensorflow platform only, configured by its flags"),
-    Unimplemented("per_process_gpu_memory_fraction", "float", (0.0,), False,
-                  "TensorFlow chooses how much GPU memory to take"),
     Unimplemented("num_request_iterations_for_warmup", "int", (0, 1), False,
                   "Petal replays each warmup record once"),
     Unimplemented("remove_unused_fields_from_bundle_metagraph", "bool", (), False,

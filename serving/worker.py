@@ -1,4 +1,5 @@
-"""One serving worker process: its TensorFlow thread split, its DataPlane, and the watch on --model_config_file.
+"""One serving worker process: how TensorFlow runs in it (threads, spin-waits, GPU memory), its DataPlane, and the
+watch on --model_config_file.
 
 The gunicorn app (serving/server.py) calls `create_core` once per worker after the fork; everything that needs the
 worker's core later (gRPC, signal handlers) asks `current()`.
@@ -14,9 +15,12 @@ import threading
 
 import tensorflow as tf
 from google.protobuf import text_format
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.eager import context
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import (
+    DataPlaneOptions,
     ServerOptions,
     budget_after_load,
     measures_memory_budget,
@@ -51,15 +55,61 @@ def intra_op_threads(options: ServerOptions, cores: int) -> int:
     return dataplane.tensorflow_intra_op_parallelism or max(1, cores // callers)
 
 
+def session_config(dataplane: DataPlaneOptions) -> config_pb2.ConfigProto:
+    """What TensorFlow reads only from the ConfigProto its runtime starts with, as tensorflow_model_server puts it
+    in its session config: whether idle pool threads spin-wait (--tensorflow_thread_spinning) and the share of each
+    GPU's memory the process takes (--per_process_gpu_memory_fraction; 0: TensorFlow's choice)."""
+    config = config_pb2.ConfigProto()
+    config.experimental.disable_thread_spinning = not dataplane.tensorflow_thread_spinning
+    if dataplane.per_process_gpu_memory_fraction > 0:
+        config.gpu_options.per_process_gpu_memory_fraction = dataplane.per_process_gpu_memory_fraction
+    return config
+
+
+def start_eager_context_with(config: config_pb2.ConfigProto, eager: context.Context) -> None:
+    """Make `config` part of what `eager` (TensorFlow's eager context, not yet initialised) starts its runtime with.
+
+    TF2 has no public setter for these fields: `tf.config` covers threads and devices, and `enable_eager_execution`
+    takes a config only where eager execution is off. The context keeps the ConfigProto it was created with and
+    applies `tf.config`'s settings over it when it starts; the CPU device's intra-op pool, the inter-op pool and
+    the GPU allocator are created then, from that merged config. Every TF1 Session created without a config of its
+    own (serving/core/loaders.py) takes the context's, so TF1 models get the same settings."""
+    if eager._initialized:  # the context's own attributes: see above, there is no public way in
+        raise RuntimeError("TensorFlow's runtime has already started")
+    merged = config_pb2.ConfigProto()
+    if eager._config is not None:
+        merged.CopyFrom(eager._config)
+    merged.MergeFrom(config)
+    eager._config = merged
+
+
 def _configure_tensorflow(options: ServerOptions) -> None:
-    cores = available_cores()
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(options, cores))
-        tf.config.threading.set_inter_op_parallelism_threads(options.dataplane.tensorflow_inter_op_parallelism or cores)
+        configure_runtime(options, context.context())
     except RuntimeError:
-        logger.warning("TensorFlow was already initialised; thread settings unchanged")
+        logger.warning("TensorFlow was already initialised; thread and GPU settings unchanged")
         return
     _start_tensorflow_niced(options.dataplane.tensorflow_thread_nice)
+
+
+def configure_runtime(options: ServerOptions, eager: context.Context) -> None:
+    """Everything TensorFlow takes only before its runtime starts, given to `eager` (the process's eager
+    context): the session config, GPU memory growth, the thread counts. RuntimeError once it has started."""
+    cores = available_cores()
+    dataplane = options.dataplane
+    start_eager_context_with(session_config(dataplane), eager)
+    share_gpus(tf.config.list_physical_devices("GPU"), options.process.workers)
+    eager.intra_op_parallelism_threads = intra_op_threads(options, cores)
+    eager.inter_op_parallelism_threads = dataplane.tensorflow_inter_op_parallelism or cores
+
+
+def share_gpus(gpus: list, workers: int) -> None:
+    """With several workers on one machine, each takes GPU memory as it needs it (memory growth) rather than
+    nearly all of it at start, which would leave the second worker failing to allocate. One worker keeps
+    TensorFlow's default, which allocates up front and fragments less."""
+    if workers > 1:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
 
 
 def _start_tensorflow_niced(nice: int) -> None:

@@ -1,2 +1,20 @@
-"""Batch prediction jobs on Apache Beam, the batched TPU path: `petal batch` (job), its input formats (sources) and
-its RunInference model handler (model_handler). Install with `pip install 'petal[batch]'`."""
+"""Batch prediction jobs on Apache Beam or Apache Spark, the batched TPU path: `petal batch` (cli), the engine-free
+core, the driver's checks (preflight), the Beam job (job, sources, model_handler) and the Spark job (spark_job on the
+driver, spark_tasks on the executors). Install with `pip install 'petal[batch]'` or `'petal[spark]'`.
+
+Importing this package imports TensorFlow without Keras, unless either is imported already. TensorFlow imports
+Keras eagerly when it is installed (to register Keras' optimizers for SavedModels that hold them, which a batch job
+never loads); that costs every worker about a second and tens of MB at start. A worker of either engine imports this
+package before anything else of Petal (it unpickles Petal's functions), so this is the one place that reaches them
+all; `petal batch` itself blocks Keras for the whole driver (petal.py). The block lasts only for TensorFlow's own
+import (a module set to None in sys.modules makes an import fail, which TensorFlow expects of an absent Keras), so
+code that does want Keras later still gets it (docs/batch.md, 'Lean workers').
+"""
+import sys
+
+if "tensorflow" not in sys.modules and "keras" not in sys.modules:
+    sys.modules["keras"] = None  # type: ignore[assignment]
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        del sys.modules["keras"]

@@ -1,23 +1,29 @@
 """`petal batch`: the flags both engines take, and the choice of engine (Beam by default, or Spark).
 
 Each engine parses its own flags on top of these, so Beam's pipeline options and Spark's settings never meet,
-and only the chosen engine's package is imported.
+and only the chosen engine's package is imported. Local paths become absolute here, on the driver, before any
+worker sees them (serving/batch_prediction/preflight.py).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.batch_prediction import any_model, core
+from serving.batch_prediction import core, preflight
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    # Imported here, on the driver: Beam's workers import this module with the job's steps (job.py), and an image
+    # job's workers need none of the any-model stack (docs/batch.md, 'Lean workers').
+    from serving.batch_prediction import any_model
+
     parser.add_argument("--engine", choices=sorted(ENGINES), default="beam",
                         help="Apache Beam (the default: DirectRunner, Dataflow, ...) or Apache Spark")
     parser.add_argument("--model_dir", required=True,
@@ -50,13 +56,15 @@ def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--top_k must not be negative")
     args.input_format = args.input_format or core.infer_format(args.input)
     args.use_tpu = args.use_tpu or args.tpu is not None
+    preflight.resolve_paths(args)
 
 
 def run_and_report(run: Callable[[], dict[str, Any]]) -> int:
-    """Exit 2 for a job that cannot start (bad paths, a used output directory), 1 for one that lost rows."""
+    """Exit 2, with one line, for a job that cannot start (bad paths, an unreadable model, a used or unwritable
+    output directory), 1 for one that lost rows."""
     try:
         job_summary = run()
-    except (FileExistsError, FileNotFoundError, ValueError) as e:
+    except (preflight.CannotStart, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"petal batch: error: {e}", file=sys.stderr)
         return 2
     return core.report(job_summary)
@@ -67,6 +75,10 @@ def main(argv: list[str]) -> int:
     chooser.add_argument("--engine", choices=sorted(ENGINES), default="beam")
     engine = chooser.parse_known_args(argv)[0].engine
     module_name, package, extra = ENGINES[engine]
+    root = logging.getLogger()
+    level = root.level
+    if root.getEffectiveLevel() > logging.INFO:  # Beam warns on import about Google Cloud clients it lacks
+        root.setLevel(logging.ERROR)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -74,4 +86,6 @@ def main(argv: list[str]) -> int:
             raise
         print(f"petal batch --engine={engine} needs {package}: pip install 'petal[{extra}]'", file=sys.stderr)
         return 2
+    finally:
+        root.setLevel(level)
     return module.main(argv)

@@ -13,6 +13,9 @@ nothing else for the work itself, so both engines read, key, decode, batch, pred
   is padded and the padding rows are dropped again before anything is returned;
 - a result or an error as one JSON line, and the job's summary, which says whether rows in = results + errors.
 
+Any other SavedModel's parts (any_model, and the server's loaders and codecs behind it) are imported only by a job
+that runs one, so that an image job's workers start without them (docs/batch.md, 'Lean workers').
+
 Files are opened through a function the engine passes in (Beam's FileSystems.open, or TensorFlow's gfile on
 Spark), so each engine reads the filesystems it knows.
 """
@@ -26,7 +29,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -41,7 +44,6 @@ from exported_models.model_format import (
     read_signatures,
     version_labels,
 )
-from serving.batch_prediction import any_model
 from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
 
@@ -60,6 +62,9 @@ FORMATS = ("images", "filelist", "tfrecord", "jsonl")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".jsonl": "jsonl",
                ".json": "jsonl", ".txt": "filelist", ".lst": "filelist", ".list": "filelist"}
 _SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")
+# A TFRecord is its length (8 bytes) and the length's CRC (4), the data, and the data's CRC (4).
+_TFRECORD_HEADER = 12
+_TFRECORD_FRAMING = _TFRECORD_HEADER + 4
 
 Opener = Callable[[str], BinaryIO]
 
@@ -81,6 +86,11 @@ class Failure:
 
 
 Record = tuple[Any, bytes]
+
+
+def is_url(path: str) -> bool:
+    """`gs://…`, `hdfs://…`, `file:///…`: a path every worker resolves alike, never rewritten."""
+    return bool(_SCHEME.match(path))
 
 
 def infer_format(pattern: str) -> str:
@@ -108,7 +118,7 @@ def file_list_path(list_file: str, line: str) -> str | None:
     path = line.strip()
     if not path:
         return None
-    return path if _SCHEME.match(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
+    return path if is_url(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
                                                                                    path)
 
 
@@ -135,14 +145,31 @@ def _example_record(position: str, serialized: bytes, mode: str) -> Record | Fai
 
 def read_tfrecord_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failure]:
     """Every tf.train.Example in one TFRecord file to `(key, image/encoded)` (other modes: the example as it is),
-    streamed; unreadable data after some record is one more failure."""
-    index = -1
+    streamed; a tail that is not whole records is one more failure, keyed by the next record's position.
+
+    TensorFlow's reader stops without a word at a file cut inside a record header, so the bytes its records
+    account for are compared with the file's size: whatever is left over is reported, with its byte offset.
+    """
+    try:
+        size = tf.io.gfile.stat(path).length
+    except tf.errors.OpError as e:
+        status = "NOT_FOUND" if isinstance(e, tf.errors.NotFoundError) else "UNAVAILABLE"
+        yield Failure(f"{path}:0", status, f"cannot read the file: {op_error_message(e.message)}")
+        return
+    index, offset = -1, 0
     try:
         for index, serialized in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+            offset += len(serialized) + _TFRECORD_FRAMING
             yield _example_record(f"{path}:{index}", serialized, mode)
     except tf.errors.OpError as e:
-        yield Failure(f"{path}:{index + 1}", "DATA_LOSS", f"unreadable TFRecord data after record {index}: "
-                                                         f"{e.message}")
+        reason = op_error_message(e.message)
+    else:
+        if offset == size:
+            return
+        reason = f"the file ends {size - offset} bytes into a record's {_TFRECORD_HEADER}-byte header"
+    after = f"after record {index}" if index >= 0 else "before any record"
+    yield Failure(f"{path}:{index + 1}", "DATA_LOSS",
+                  f"{path}: byte {offset} of {size} does not start a whole TFRecord ({after}): {reason}")
 
 
 def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
@@ -154,6 +181,8 @@ def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
         return Failure(position, "INVALID_ARGUMENT", "line must be a JSON object with key and image_bytes")
     key = row.get("key", position)
     if mode != IMAGES:
+        from serving.batch_prediction import any_model
+
         try:
             return key, any_model.record_payload(mode, row)
         except ServingError as error:
@@ -212,6 +241,8 @@ def read_model_info(model_dir: str, signature_name: str | None = None, method: s
 
 def _any_model_info(path: str, signatures: dict, signature_name: str, method: str | None,
                     input_format: str | None) -> ModelInfo:
+    from serving.batch_prediction import any_model
+
     if signature_name not in signatures:
         raise ValueError(f"{path} has no {signature_name!r} signature (has {sorted(signatures)})")
     mode = any_model.choose_method(signature_name, signatures[signature_name], method)
@@ -292,7 +323,12 @@ class StaticBatchClassifier:
         return [{k: v[i] for k, v in outputs.items()} for i in range(len(images))]
 
 
-BatchModel = StaticBatchClassifier | any_model.SignatureBatchModel
+class BatchModel(Protocol):
+    """What both engines run: StaticBatchClassifier, or any_model.SignatureBatchModel for any other SavedModel."""
+
+    batch_size: int
+
+    def predict_rows(self, rows: Sequence[Any]) -> list[Any]: ...
 
 
 def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str | None = None) -> BatchModel:
@@ -302,7 +338,25 @@ def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str
         return StaticBatchClassifier(info, batch_size, use_tpu, tpu)
     if use_tpu:
         raise ValueError("--use_tpu runs only Petal's image classifiers (their predict_images signature)")
+    from serving.batch_prediction import any_model
+
     return any_model.SignatureBatchModel(info.path, info.signature, info.mode, batch_size)
+
+
+def check_model(info: ModelInfo) -> None:
+    """Loads the model and checks the signature the job runs, on the default device, and lets it go again: what
+    the driver does before any worker starts (serving/batch_prediction/preflight.py). An image classifier's
+    `predict_images` must take `images` and give the outputs the job reads; any other model loads as the server
+    loads it."""
+    if info.mode != IMAGES:
+        load_model(info, 1)
+        return
+    signature = tf.saved_model.load(info.path).signatures[SIGNATURE]
+    takes = set(signature.structured_input_signature[1])
+    gives = set(signature.structured_outputs)
+    if takes != {SIGNATURE_INPUT} or not gives >= set(DEVICE_OUTPUTS):
+        raise ValueError(f"{SIGNATURE} takes {sorted(takes)} and gives {sorted(gives)}; the job needs "
+                         f"{SIGNATURE_INPUT!r} in and {', '.join(DEVICE_OUTPUTS)} out")
 
 
 def predict_batch(model: BatchModel, rows: Sequence[Any]) -> list[Any]:
@@ -330,6 +384,8 @@ class PayloadDecoder:
     """`(key, payload)` to `(key, row)` for any other SavedModel, with the signature read from saved_model.pb."""
 
     def __init__(self, info: ModelInfo):
+        from serving.batch_prediction import any_model
+
         self._decode = any_model.RowDecoder(info.mode, read_signatures(info.path)[info.signature])
 
     def __call__(self, key: Any, payload: Any) -> tuple[Any, Any] | Failure:
@@ -369,10 +425,12 @@ def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[st
 
 def result_line(key: Any, prediction: Any, info: ModelInfo, top_k: int) -> tuple[bool, str]:
     """One prediction as `(is_result, json_line)`: a row the model refused is an error line like any other."""
-    if isinstance(prediction, any_model.RowError):
-        return False, Failure(key, prediction.status, prediction.message).to_json()
     if info.mode == IMAGES:
         return True, json.dumps(prediction_row(key, prediction, info.labels, top_k))
+    from serving.batch_prediction import any_model
+
+    if isinstance(prediction, any_model.RowError):
+        return False, Failure(key, prediction.status, prediction.message).to_json()
     return True, json.dumps({"key": key, any_model.RESULT_FIELD[info.mode]: prediction})
 
 

@@ -24,11 +24,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
-from serving.batch_prediction import core
+from serving.batch_prediction import core, preflight
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
-from serving.batch_prediction.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo, read_model_info
+from serving.batch_prediction.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
 from training import PROGRESS_LOGGER
@@ -137,6 +137,29 @@ def check_inputs(pattern: str, input_format: str) -> None:
         raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
 
 
+def _touch(path: str) -> None:
+    with FileSystems.create(path):
+        pass
+
+
+def check_workers_read_the_model(model_dir: str, options: PipelineOptions) -> None:
+    """Refuses a model in a local folder when the runner's workers run on other machines (Dataflow, Flink, Spark,
+    a portable job service not in LOOPBACK mode), where they could not read it.
+
+    Refusing rather than shipping: Beam stages files for such workers only into a folder each runner chooses
+    (--files_to_stage), which a DoFn cannot find portably, and those workers read their inputs and outputs from a
+    shared filesystem anyway, where the model belongs too (docs/batch.md, 'On a cluster')."""
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    name = runner.rsplit(".", 1)[-1] if isinstance(runner, str) else type(runner).__name__  # a class path too
+    local = {n.lower() for n in StandardOptions.LOCAL_RUNNERS}
+    on_this_machine = (name.lower() in local or f"{name.lower()}runner" in local
+                       or options.view_as(PortableOptions).environment_type == "LOOPBACK")
+    if not on_this_machine and not core.is_url(model_dir):
+        raise preflight.CannotStart(
+            f"--model_dir {model_dir} is a folder on this machine, which the {name}'s workers cannot read: use a "
+            "path every worker can read: gs://…, hdfs://…, or file:///… for a folder every worker mounts")
+
+
 def job_metrics(result: beam.runners.runner.PipelineResult) -> tuple[dict[str, int], float]:
     """The job's counters, summed over steps, and its processing seconds (first decode to last row)."""
     query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
@@ -150,10 +173,12 @@ def job_metrics(result: beam.runners.runner.PipelineResult) -> tuple[dict[str, i
 
 
 def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
-    """Runs the job to completion and returns the summary; `complete` says rows in = results + errors."""
-    info = read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
+    """Runs the job to completion and returns the summary; `complete` says rows in = results + errors. What the
+    driver can check (preflight) fails before the pipeline starts."""
+    check_workers_read_the_model(args.model_dir, options)
+    info = preflight.load_model(args)
     check_inputs(args.input, args.input_format)
-    core.prepare_output_dir(args.output_dir, args.overwrite, _match, FileSystems.delete)
+    preflight.check_output_dir(args.output_dir, args.overwrite, _match, FileSystems.delete, _touch)
     logger.info("batch job starting", extra={"fields": {
         "model": info.path, "input": args.input, "format": args.input_format, "output_dir": args.output_dir,
         "batch_size": args.batch_size}})

@@ -1,11 +1,14 @@
 """`petal batch --engine=spark`: the batch job as a plain Apache Spark job, on `local[N]`, a standalone cluster,
 YARN (EMR, Dataproc), Kubernetes or Databricks.
 
-The driver lists the inputs and cuts them into partitions: one per TFRecord or JSON Lines file (its records
-stream through one batch at a time), and `--rows_per_partition` paths per partition for image files and file
-lists. Each task reads, decodes, batches, predicts and formats its records with serving/batch_prediction/core.py, the
-code the Beam job runs, so both engines give the same lines for the same records. The model loads once per executor
-Python worker (Spark reuses them across tasks) with TensorFlow's thread pools sized to the task's cores.
+This module is the driver's side. Before it asks Spark for anything it makes every local path absolute, loads the
+model and checks its signature, lists the inputs and proves the output folder writable
+(serving/batch_prediction/preflight.py), so a job that cannot run stops in seconds with one line and exit status 2.
+It then cuts the inputs into partitions: one per TFRecord or JSON Lines file (its records stream through one batch
+at a time), and `--rows_per_partition` paths per partition for image files and file lists. Each task
+(serving/batch_prediction/spark_tasks.py) reads, decodes, batches, predicts and formats its records with
+serving/batch_prediction/core.py, the code the Beam job runs, so both engines give the same lines for the same
+records.
 
 A task writes its shard under `_temporary/` and renames it to `prediction.results-<partition>-of-<N>` when it has
 finished, so a retried or speculative attempt leaves exactly one copy (attempts of one partition write the same
@@ -14,35 +17,38 @@ the one errors file. The summary counts come back with each task's result, so a 
 twice, and the job fails (exit 1) unless rows in = results + errors and every partition's shard is there.
 
 Paths are opened by TensorFlow's filesystems on the executors: local and mounted paths (NFS, /dbfs), gs:// and
-hdfs://.
+hdfs://. On a cluster (any master but `local[...]`) a model in a local folder is shipped with the job as an
+archive, since an executor on another machine cannot read the driver's disk (docs/batch.md, 'On a cluster').
 """
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import logging
 import math
 import os
 import posixpath
+import shutil
 import sys
+import tarfile
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from itertools import chain
+import uuid
 from typing import Any
 
 import tensorflow as tf
-from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
-from serving.batch_prediction import core
+from serving.batch_prediction import core, preflight
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
+from serving.batch_prediction.spark_tasks import TEMPORARY, PartitionJob, archived_name, score_partition
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
-TEMPORARY = "_temporary"
 PROGRESS_SECONDS = 10.0
 # On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
 LOCAL_CONF: dict[str, Any] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
@@ -73,31 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--rows_per_partition must be at least 1")
     if any("=" not in setting for setting in args.spark_conf):
         parser.error("--spark_conf takes KEY=VALUE")
+    preflight.resolve_paths(args, ("spark_event_log_dir",))
     return args
-
-
-@dataclass(frozen=True)
-class PartitionJob:
-    """Everything a task needs, shipped to the executors with the partition function."""
-
-    info: core.ModelInfo
-    input_format: str
-    output_dir: str
-    partitions: int
-    batch_size: int
-    top_k: int
-    use_tpu: bool
-    tpu: str | None
-
-    def results_path(self, index: int) -> str:
-        return posixpath.join(self.output_dir, f"{core.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
-
-    def errors_part(self, index: int) -> str:
-        return posixpath.join(self.output_dir, TEMPORARY, f"errors-{index:05d}")
-
-
-def _open(path: str):
-    return tf.io.gfile.GFile(path, "rb")
 
 
 def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tuple[list[Any], int]:
@@ -117,59 +100,37 @@ def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tupl
     return [paths[i * rows_per_partition:(i + 1) * rows_per_partition] for i in range(count)], len(paths)
 
 
-def _read(input_format: str, mode: str, unit: Any) -> Iterator[core.Record | core.Failure]:
-    if input_format == "tfrecord":
-        return core.read_tfrecord_file(unit, mode)
-    if input_format == "jsonl":
-        return core.read_jsonl_file(unit, _open, mode)
-    return (core.read_file(path, _open) for path in unit)
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        tf.io.gfile.remove(path)
 
 
-_models: dict[tuple, tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]] = {}
+def _touch(path: str) -> None:
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write("")  # GFile creates its file on the first write
 
 
-def _task() -> TaskContext:
-    """The running task's context, which Spark sets in every task (and these functions run only in tasks)."""
-    context = TaskContext.get()
-    assert context is not None
-    return context
+def ship_model(spark: SparkSession, info: core.ModelInfo) -> str | None:
+    """On a cluster, the model's version folder as an archive added to the job, which Spark unpacks beside every
+    executor (spark_tasks.PartitionJob.executor_info reads it there); None where the executors read the driver's
+    paths (`local[...]`) or the model is a URL, which every worker resolves itself.
 
-
-def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]:
-    """The model and decoder of this executor Python worker, loaded by its first task and kept for the others.
-
-    TensorFlow's pools can only be sized before its runtime starts, so the first task sizes them to the cores
-    Spark gives a task (spark.task.cpus): the executor's other cores run other tasks' workers.
-    """
-    key = (job.info, job.batch_size, job.use_tpu, job.tpu)
-    if key not in _models:
-        if not _models:
-            cpus = _task().cpus()
-            tf.config.threading.set_intra_op_parallelism_threads(cpus)
-            tf.config.threading.set_inter_op_parallelism_threads(cpus)
-        _models[key] = (core.load_model(job.info, job.batch_size, job.use_tpu, job.tpu), core.make_decoder(job.info))
-    return _models[key]
-
-
-def score_partition(job: PartitionJob, index: int, units: Iterable[Any]) -> Iterator[tuple[int, dict, float,
-                                                                                            float]]:
-    """One task: its records to a results shard and an errors part, committed by rename once complete.
-
-    Its time is stamped once the model is there, so the job's processing rate leaves the workers' start-up
-    and the model's loading out."""
-    model, decoder = _model(job)
-    started = time.time()
-    scorer = core.Scorer(decoder, model, job.info, job.top_k)
-    attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
-    with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
-        for out in (results, errors):
-            out.write("")  # GFile creates its file on the first write, and an empty shard must exist too
-        records = chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)
-        for is_result, line in scorer.score(records):
-            (results if is_result else errors).write(line + "\n")
-    tf.io.gfile.rename(f"{attempt}.errors", job.errors_part(index), overwrite=True)
-    tf.io.gfile.rename(f"{attempt}.results", job.results_path(index), overwrite=True)
-    yield index, asdict(scorer.counts), started, time.time()
+    Shipping rather than refusing, so that a model exported on this machine runs on any cluster as it is; a URL
+    (gs://, hdfs://, or file:///… for a folder every node mounts) opts out of the copy. The archive is not
+    compressed (variables hardly compress) and stays until this process exits, since an executor that joins
+    later fetches it too."""
+    if str(spark.sparkContext.master).startswith("local") or core.is_url(info.path):
+        return None
+    folder = tempfile.mkdtemp(prefix="petal-model-")
+    atexit.register(shutil.rmtree, folder, True)
+    archive = os.path.join(folder, f"model-{uuid.uuid4().hex}.tar")
+    with tarfile.open(archive, "w", dereference=True) as tar:
+        tar.add(info.path, arcname=archived_name(info.path))
+    spark.sparkContext.addArchive(archive)
+    logger.info("model shipped with the job", extra={"fields": {
+        "model": info.path, "archive": os.path.basename(archive), "bytes": os.path.getsize(archive)}})
+    return os.path.basename(archive)
 
 
 def join_errors(job: PartitionJob) -> None:
@@ -214,28 +175,29 @@ def log_progress(spark: SparkSession, partitions: int, done: threading.Event) ->
 
 
 def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str, Any]:
-    """Runs the job to completion on `spark` (or a session of its own) and returns the summary."""
-    info = core.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
+    """Runs the job to completion on `spark` (or a session of its own) and returns the summary; what the driver
+    can check (preflight) fails before Spark starts."""
+    info = preflight.load_model(args)
     units, paths = list_units(args.input, args.input_format, args.rows_per_partition)
-    core.prepare_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob,
-                            lambda old: [tf.io.gfile.remove(p) for p in old])
+    preflight.check_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob, _remove, _touch)
     temporary = posixpath.join(args.output_dir, TEMPORARY)
     if tf.io.gfile.exists(temporary):
         tf.io.gfile.rmtree(temporary)
     tf.io.gfile.makedirs(temporary)
-    job = PartitionJob(info, args.input_format, args.output_dir.rstrip("/"), len(units), args.batch_size,
-                       args.top_k, args.use_tpu, args.tpu)
-    logger.info("batch job starting", extra={"fields": {
-        "engine": "spark", "model": info.path, "input": args.input, "format": args.input_format,
-        "output_dir": args.output_dir, "batch_size": args.batch_size, "partitions": job.partitions}})
     own_session = spark is None
     spark = start_session(args) if spark is None else spark
+    job = PartitionJob(info, args.input_format, args.output_dir.rstrip("/"), len(units), args.batch_size,
+                       args.top_k, args.use_tpu, args.tpu, ship_model(spark, info))
+    logger.info("batch job starting", extra={"fields": {
+        "engine": "spark", "model": info.path, "input": args.input, "format": args.input_format,
+        "output_dir": args.output_dir, "batch_size": args.batch_size, "partitions": job.partitions,
+        "model_archive": job.model_archive}})
     started = time.monotonic()
     done = threading.Event()
     threading.Thread(target=log_progress, args=(spark, job.partitions, done), daemon=True).start()
-    try:
+    try:  # a partial of a function in spark_tasks: unpickling it imports nothing of the driver's
         tasks = (spark.sparkContext.parallelize(units, job.partitions)
-                 .mapPartitionsWithIndex(lambda index, part: score_partition(job, index, part)).collect())
+                 .mapPartitionsWithIndex(functools.partial(score_partition, job)).collect())
     finally:
         done.set()
         if own_session:

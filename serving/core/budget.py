@@ -47,6 +47,9 @@ class MemoryBudget:
         self._bodies = 0
         self._pixels = 0
         self._cond = threading.Condition()
+        # what is held, exported as it changes: each kind's series resolved once, and only the changed one written
+        self._held = (metrics.memory_held.series(kind="bodies"), metrics.memory_held.series(kind="pixels")) \
+            if metrics is not None else None
 
     def _set_limits(self, limit: int, pixel_limit: int) -> None:
         body_limit = limit - max(0, pixel_limit) * BYTES_PER_PIXEL if limit > 0 else 0
@@ -96,14 +99,14 @@ class MemoryBudget:
                 raise unavailable("This worker's memory budget (--memory_budget_bytes) is taken by the requests "
                                   "in flight; retry shortly")
             self._bodies += nbytes
-            self._export()
+            self._export_bodies()
 
     def _give_body(self, nbytes: int) -> None:
         if self.limit <= 0 or nbytes <= 0:
             return
         with self._cond:
             self._bodies -= nbytes
-            self._export()
+            self._export_bodies()
 
     # --- decoded pixels: waited for -----------------------------------------------------------------------------
 
@@ -116,7 +119,7 @@ class MemoryBudget:
             if not self._cond.wait_for(fits, threads.timeout_until(deadline)):
                 return False
             self._pixels += pixels
-            self._export()
+            self._export_pixels()
             return True
 
     def release(self, pixels: int) -> None:
@@ -124,14 +127,17 @@ class MemoryBudget:
             return
         with self._cond:
             self._pixels -= pixels
-            self._export()
+            self._export_pixels()
             self._cond.notify_all()
 
-    def _export(self) -> None:
-        """Called under the lock, so the gauge never shows a state that was not."""
-        if self._metrics is not None:
-            self._metrics.memory_held.set(self._bodies, kind="bodies")
-            self._metrics.memory_held.set(self._pixels * BYTES_PER_PIXEL, kind="pixels")
+    # Called under the lock, so the gauge never shows a state that was not.
+    def _export_bodies(self) -> None:
+        if self._held is not None:
+            self._held[0].set(self._bodies)
+
+    def _export_pixels(self) -> None:
+        if self._held is not None:
+            self._held[1].set(self._pixels * BYTES_PER_PIXEL)
 
 
 class Hold:

@@ -6,9 +6,13 @@ import glob
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import urllib.request
 
 import numpy as np
@@ -17,6 +21,7 @@ import tensorflow as tf
 
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from server_harness import ROOT, b64, run_server
+from serving.batch_prediction import cli, preflight
 from serving.batch_prediction import job as batch_job
 from training import synth
 from training.export import export_saved_model
@@ -161,6 +166,45 @@ def _tfrecord(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str
     return keys
 
 
+# TFRecord framing: an 8-byte length and its 4-byte CRC, the data, the data's 4-byte CRC.
+TFRECORD_HEADER, TFRECORD_FRAMING = 12, 16
+
+
+def write_cut_tfrecords(folder, inputs: dict[str, bytes], paths: list[str]) -> tuple[str, list[str], dict[str, str]]:
+    """Three TFRecord files of three images each (keyed by their path): one whole, and two whose last record is
+    cut, one inside its 12-byte header (TensorFlow's reader stops there without a word), one inside its data.
+    Returns the pattern, every key the job must write (a cut tail is keyed by its record's position), and, by key,
+    the byte offset its error must name."""
+    keys, cuts = [], {}
+    for number, (name, keep) in enumerate((("whole", None), ("header-cut", 5), ("body-cut", TFRECORD_HEADER + 9))):
+        path = str(folder / f"{name}.tfrecord")
+        sources = paths[3 * number:3 * number + 3]
+        records = [tf.train.Example(features=tf.train.Features(feature={
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[inputs[source]])),
+            "image/filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[source.encode()]))}))
+            .SerializeToString() for source in sources]
+        with tf.io.TFRecordWriter(path) as writer:
+            for record in records:
+                writer.write(record)
+        if keep is None:
+            keys += sources
+            continue
+        whole = sum(len(r) + TFRECORD_FRAMING for r in records[:-1])
+        with open(path, "r+b") as f:
+            f.truncate(whole + keep)
+        keys += sources[:-1] + [f"{path}:2"]
+        cuts[f"{path}:2"] = f"byte {whole} of {whole + keep}"
+    return str(folder / "*.tfrecord"), keys, cuts
+
+
+def assert_cut_tails_are_one_error_each(errors: list[dict], cuts: dict[str, str]) -> None:
+    lost = {row["key"]: row["error"] for row in errors if row["key"] in cuts}
+    assert sorted(lost) == sorted(cuts)
+    for key, error in lost.items():
+        assert error["status"] == "DATA_LOSS" and cuts[key] in error["message"], error
+        assert key.rsplit(":", 1)[0] in error["message"]
+
+
 def _jsonl(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str]:
     lines = [json.dumps({"key": source, "image_bytes": {"b64": base64.b64encode(inputs[source]).decode()}})
              for source in paths]
@@ -198,6 +242,18 @@ def test_each_input_format_is_read_keyed_and_predicted(name, writer, bad_status,
     assert_matches_reference(results, reference, lambda key: good[0] if key == tfrecord_first else key)
 
 
+def test_tfrecords_cut_in_a_header_or_in_a_body_give_one_error_each_on_the_fnapi_runner(
+        model_dir, inputs, reference, tmp_path, capsys):
+    pattern, keys, cuts = write_cut_tfrecords(tmp_path, inputs, sorted(reference)[:9])
+    output = str(tmp_path / "out")
+    summary = run_job(capsys, "--model_dir", model_dir, "--input", pattern, "--output_dir", output,
+                      "--batch_size", "4", "--runner", "FnApiRunner")
+    results, errors = read_output(output)
+    assert_nothing_lost(results, errors, keys)
+    assert summary["rows_in"] == summary["results"] + summary["errors"] == len(keys) and summary["complete"]
+    assert_cut_tails_are_one_error_each(errors, cuts)
+
+
 def test_rerun_refuses_a_used_output_dir_unless_overwrite(model_dir, inputs, tmp_path, capsys):
     some = sorted(inputs)[:3]
     (tmp_path / "in").mkdir()
@@ -221,15 +277,95 @@ def test_rerun_refuses_a_used_output_dir_unless_overwrite(model_dir, inputs, tmp
     assert_nothing_lost(results, errors, [str(tmp_path / "in" / os.path.basename(p)) for p in some])
 
 
-def test_cli_rejects_bad_flags_and_empty_patterns(model_dir, tmp_path, capsys):
+def test_cli_rejects_bad_flags(model_dir, capsys):
     with pytest.raises(SystemExit):
         batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o", "--batch_size", "0"])
     assert "--batch_size must be at least 1" in capsys.readouterr().err
-    done = subprocess.run([sys.executable, "-m", "petal", "batch", "--model_dir", model_dir, "--output_dir",
-                           str(tmp_path / "o"), "--input", str(tmp_path / "nothing-*.jpg")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 2 and "matches no files" in done.stderr
-    assert not (tmp_path / "o").exists()
+
+
+# TensorFlow's native start-up lines (glog's `I0000 00:00:… file.cc:123] …`, and absl's note before them), which no
+# setting silences in TensorFlow 2.21: every `petal` command prints them, so they are not the job's message.
+_TF_NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \S+ +\d+ \S+:\d+\] |WARNING: All log messages before absl)")
+FAIL_FAST_S = 30
+
+
+def keras_tripwire() -> str:
+    """A folder holding a `keras` package that fails loudly when imported: first on a batch worker's path, it turns
+    any Keras import there into a failed task, so every job a test runs also proves that its workers stay
+    without Keras (docs/batch.md, 'Lean workers')."""
+    folder = os.path.join(tempfile.gettempdir(), f"petal-keras-tripwire-{os.getuid()}")
+    os.makedirs(os.path.join(folder, "keras"), exist_ok=True)
+    with open(os.path.join(folder, "keras", "__init__.py"), "w") as f:
+        f.write('raise RuntimeError("keras was imported in a batch worker")\n')
+    return folder
+
+
+def unloadable_models(folder, model_dir: str) -> dict[str, str]:
+    """Two models no worker could load: one without its variables, one whose saved_model.pb is not a SavedModel."""
+    without_variables, not_a_model = folder / "without-variables", folder / "not-a-model" / "1"
+    shutil.copytree(model_dir, without_variables)
+    shutil.rmtree(without_variables / "1" / "variables")
+    not_a_model.mkdir(parents=True)
+    (not_a_model / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    return {"cannot load": str(without_variables), "cannot read the SavedModel": str(not_a_model.parent)}
+
+
+def failing_jobs(folder, model_dir: str, images: str, *extra: str) -> dict[str, list[str]]:
+    """A `petal batch` argv for each failure the driver must catch, by the words its one line must hold: an
+    unreadable model (two kinds), an input pattern that matches nothing, an output folder that cannot be written
+    (under a regular file, which stops root too)."""
+    (folder / "a-file").write_text("not a folder\n")
+    jobs = {words: ["--model_dir", bad, "--input", images, "--output_dir", str(folder / "out")]
+            for words, bad in unloadable_models(folder, model_dir).items()}
+    jobs["matches no files"] = ["--model_dir", model_dir, "--input", str(folder / "nothing-*.jpg"), "--output_dir",
+                                str(folder / "out")]
+    jobs["cannot be written"] = ["--model_dir", model_dir, "--input", images, "--output_dir",
+                                 str(folder / "a-file" / "out")]
+    return {words: [*argv, *extra] for words, argv in jobs.items()}
+
+
+def assert_one_error_line(words: str, out: str, err: str) -> None:
+    """Nothing on stdout, and one line on stderr that holds `words` (TensorFlow's native start-up lines aside):
+    no traceback, from Python, Spark or Beam."""
+    lines = [line for line in err.splitlines() if line.strip() and not _TF_NATIVE_LOG.match(line)]
+    assert out == "" and len(lines) == 1, (words, out, err[-3000:])
+    assert lines[0].startswith("petal batch: error: ") and words in lines[0], (words, lines[0])
+
+
+def assert_each_fails_fast_in_one_line(jobs: dict[str, list[str]], capfd) -> None:
+    """Runs each job through `petal batch`'s engine choice in this process (a TensorFlow start-up each would cost
+    seconds of CPU): each must return exit status 2 within FAIL_FAST_S, in one line on the terminal."""
+    capfd.readouterr()
+    for words, argv in jobs.items():
+        started = time.monotonic()
+        assert cli.main(argv) == 2, words
+        seconds = time.monotonic() - started
+        assert_one_error_line(words, *capfd.readouterr())
+        assert seconds < FAIL_FAST_S, f"{words}: {seconds:.0f} s"
+
+
+def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line(model_dir, inputs, tmp_path, capfd):
+    images = os.path.join(os.path.dirname(next(iter(inputs))), "*")
+    jobs = failing_jobs(tmp_path, model_dir, images)
+    assert_each_fails_fast_in_one_line(jobs, capfd)
+    assert not (tmp_path / "out").exists()
+    # and as a process of its own, the way a user meets it: the model that failed only in the workers before
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "petal", "batch", *jobs["cannot load"]], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2 and time.monotonic() - started < FAIL_FAST_S, done.stderr[-3000:]
+    assert_one_error_line("cannot load", done.stdout, done.stderr)
+
+
+def test_a_model_on_this_machine_is_refused_for_workers_elsewhere(model_dir, inputs, tmp_path):
+    args, options = batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o",
+                                          "--runner", "DataflowRunner", "--project", "p"])
+    with pytest.raises(preflight.CannotStart, match="gs://.*hdfs://.*file:///"):
+        batch_job.run(args, options)
+    for local in (["--runner", "FnApiRunner"], ["--runner", "PortableRunner", "--environment_type", "LOOPBACK"]):
+        batch_job.check_workers_read_the_model(model_dir, batch_job.parse_args(
+            ["--model_dir", model_dir, "--input", "x", "--output_dir", "o", *local])[1])
+    batch_job.check_workers_read_the_model(f"file://{model_dir}", options)
 
 
 FOUR_DEVICES = textwrap.dedent("""
@@ -273,7 +409,8 @@ def test_multi_process_direct_runner_shares_the_model_and_loses_nothing(model_di
         [sys.executable, "-m", "petal", "batch", "--model_dir", model_dir, "--input",
          os.path.join(os.path.dirname(next(iter(inputs))), "*"), "--output_dir", output, "--batch_size", "16",
          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([keras_tripwire(), ROOT])})  # workers without Keras
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["rows_in"], summary["results"], summary["errors"]) == (103, 100, 3)

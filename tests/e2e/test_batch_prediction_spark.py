@@ -1,8 +1,11 @@
-"""`petal batch --engine=spark` on a real standalone Spark cluster (a master and a 1-core worker on 127.0.0.1,
+"""`petal batch --engine=spark` on a real standalone Spark cluster (a master and two 1-core workers on 127.0.0.1,
 started once per session from PyPI's pyspark and the system's JVM) and on `local[1]`.
 
 Every input record comes out once, as a result or an error; the answers are the Beam job's on the same records;
-and a task whose executor Python worker is killed with SIGKILL is retried with no record lost or doubled.
+a job started elsewhere with relative paths runs on both workers with the model shipped to them; a TFRecord file
+cut short is one error line; a job that cannot start says so in one line, with exit status 2; and a task whose
+executor Python worker is killed with SIGKILL is retried with no record lost or doubled. The executors run with a
+`keras` on their path that fails when imported, so every job here also proves that they never import Keras.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import base64
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +26,17 @@ from dataclasses import dataclass
 import numpy as np
 import pyspark
 import pytest
-from test_batch_prediction_beam import _jsonl, _tfrecord, assert_nothing_lost, read_output
+from test_batch_prediction_beam import (
+    _jsonl,
+    _tfrecord,
+    assert_cut_tails_are_one_error_each,
+    assert_each_fails_fast_in_one_line,
+    assert_nothing_lost,
+    failing_jobs,
+    keras_tripwire,
+    read_output,
+    write_cut_tfrecords,
+)
 
 from server_harness import ROOT, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
@@ -34,19 +48,22 @@ GOOD = 30
 CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
            "notes.jpg": "Unknown image file format"}
 CLUSTER_START_S = 120
+WORKERS = 2
 
 
 def spark_env() -> dict[str, str]:
-    """Loopback only, this Python (with Petal from this checkout) for the Python workers, TF's C++ logs off."""
+    """Loopback only, this Python (with Petal from this checkout, behind the Keras tripwire) for the Python
+    workers, TF's C++ logs off."""
     return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [keras_tripwire(), ROOT, os.environ.get("PYTHONPATH")])),
             "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 @dataclass(frozen=True)
 class Cluster:
     url: str
-    worker_pid: int
+    worker_pids: tuple[int, ...]
+    work_dirs: tuple[str, ...]  # each worker's SPARK_WORKER_DIR, where its executors run and unpack shipped archives
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -60,30 +77,37 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """A standalone master and one 1-core worker, up once the master lists the worker as ALIVE."""
+    """A standalone master and two 1-core workers, each with a folder of its own, up once the master lists both
+    workers as ALIVE. Every daemon binds to 127.0.0.1 only."""
     folder = tmp_path_factory.mktemp("spark-cluster")
-    port, master_ui, worker_ui = free_ports(3)
-    env = {**spark_env(), "SPARK_LOG_DIR": str(folder), "SPARK_WORKER_DIR": str(folder / "work")}
+    port, master_ui, *worker_uis = free_ports(2 + WORKERS)
+    env = {**spark_env(), "SPARK_LOG_DIR": str(folder)}
     processes = []
     deadline = time.monotonic() + CLUSTER_START_S
 
-    def start(name: str, *argv: str, ready) -> None:
-        """Starts one daemon and waits until `ready` holds: a worker started before its master has
-        answered waits seconds for its next registration attempt."""
+    def start(name: str, *argv: str, env: dict[str, str] = env) -> None:
         with open(folder / f"{name}.log", "wb") as log:
             processes.append(subprocess.Popen([SPARK_CLASS, *argv], env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def wait(name: str, ready) -> None:
+        """Waits until `ready` holds: a worker started before its master has answered waits seconds for its next
+        registration attempt."""
         while not ready():
-            assert processes[-1].poll() is None, (folder / f"{name}.log").read_text()[-3000:]
+            assert all(p.poll() is None for p in processes), (folder / f"{name}.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"the Spark {name} was not ready in {CLUSTER_START_S} s"
             time.sleep(0.25)
 
     try:
         start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(master_ui), ready=lambda: _master_state(master_ui) is not None)
-        start("worker", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1",
-              "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
-              ready=lambda: any(w["state"] == "ALIVE" for w in _master_state(master_ui)["workers"]))
-        yield Cluster(f"spark://127.0.0.1:{port}", processes[1].pid)
+              "--webui-port", str(master_ui))
+        wait("master", lambda: _master_state(master_ui) is not None)
+        work_dirs = tuple(str(folder / f"work-{i}") for i in range(WORKERS))
+        for i, worker_ui in enumerate(worker_uis):
+            start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
+                  "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
+                  env={**env, "SPARK_WORKER_DIR": work_dirs[i]})
+        wait("workers", lambda: sum(w["state"] == "ALIVE" for w in _master_state(master_ui)["workers"]) == WORKERS)
+        yield Cluster(f"spark://127.0.0.1:{port}", tuple(p.pid for p in processes[1:]), work_dirs)
     finally:
         for process in reversed(processes):
             _stop(process)
@@ -108,6 +132,10 @@ def spark(cluster, tmp_path_factory):
                             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "3"})
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    tracker, deadline = session.sparkContext.statusTracker(), time.monotonic() + CLUSTER_START_S
+    while len(tracker.getExecutorInfos()) < WORKERS + 1:  # the driver is listed too
+        assert time.monotonic() < deadline, "the workers' executors did not register"
+        time.sleep(0.25)
     yield session
     session.stop()
 
@@ -134,27 +162,26 @@ def _good(images: dict[str, bytes]) -> list[str]:
     return sorted(p for p in images if os.path.basename(p) not in CORRUPT)
 
 
-def write_input(kind: str, folder, images: dict[str, bytes]) -> tuple[str, list[str]]:
-    """An input pattern of `kind` in two or more files, with corrupt records mixed in, and the keys it must give."""
+def write_input(kind: str, folder, images: dict[str, bytes]) -> tuple[str, list[str], dict[str, str]]:
+    """An input pattern of `kind` in two or more files, with corrupt records mixed in, the keys it must give and,
+    for TFRecords, the byte offsets their cut tails' errors must name (write_cut_tfrecords)."""
     good = _good(images)
     if kind == "images":
-        return os.path.join(os.path.dirname(good[0]), "*"), list(images)
+        return os.path.join(os.path.dirname(good[0]), "*"), list(images), {}
     if kind == "tfrecord":
         keys = _tfrecord(str(folder / "a.tfrecord"), images, good[:15])
-        cut = folder / "cut.tfrecord"
-        keys += _tfrecord(str(cut), images, good[15:])
-        cut.write_bytes(cut.read_bytes()[:-2])  # its last record cut short: DATA_LOSS, keyed by its position
-        return str(folder / "*.tfrecord"), keys
+        pattern, more, cuts = write_cut_tfrecords(folder, images, good[15:24])
+        return pattern, keys + more, cuts
     corrupt = next(p for p in images if p.endswith("corrupt.jpg"))
     keys = _jsonl(str(folder / "a.jsonl"), images, good[:20] + [corrupt])
     (folder / "b.jsonl").write_text("".join(json.dumps({"key": p, "image_bytes": {"b64": base64.b64encode(
         images[p]).decode()}}) + "\n" for p in good[20:]))
-    return str(folder / "*.jsonl"), keys + good[20:]
+    return str(folder / "*.jsonl"), keys + good[20:], {}
 
 
 def beam_lines(model_dir: str, pattern: str, output: str, capsys) -> tuple[list[dict], list[dict]]:
     assert beam_job.main(["--model_dir", model_dir, "--input", pattern, "--output_dir", output, "--batch_size",
-                          "4", "--top_k", "2", "--direct_running_mode", "in_memory"]) == 0
+                          "4", "--top_k", "2", "--runner", "FnApiRunner"]) == 0
     capsys.readouterr()
     return read_output(output)
 
@@ -189,7 +216,7 @@ def assert_committed(output: str, summary: dict) -> None:
 def test_the_cluster_gives_every_record_once_with_the_beam_jobs_answers(kind, spark, model_dir, images, tmp_path,
                                                                        capsys):
     (tmp_path / "in").mkdir()
-    pattern, keys = write_input(kind, tmp_path / "in", images)
+    pattern, keys, cuts = write_input(kind, tmp_path / "in", images)
     output = str(tmp_path / "spark")
     summary = spark_job.run(spark_job.parse_args(spark_args(model_dir, pattern, output)), spark)
     assert summary["complete"] and summary["partitions"] >= 2
@@ -201,6 +228,33 @@ def test_the_cluster_gives_every_record_once_with_the_beam_jobs_answers(kind, sp
     beam_results, beam_errors = beam_lines(model_dir, pattern, str(tmp_path / "beam"), capsys)
     assert_same_answers(results + errors, beam_results + beam_errors)
     assert len(errors) >= 2 and {e["error"]["status"] for e in errors} <= {"INVALID_ARGUMENT", "DATA_LOSS"}
+    assert_cut_tails_are_one_error_each(errors, cuts)
+
+
+def shipped_copies(cluster: Cluster) -> dict[str, set[str]]:
+    """The model copies each worker's executors unpacked from the archives jobs shipped, by worker."""
+    return {folder: set(glob.glob(os.path.join(folder, "*", "*", "model-*.tar", "*", "*", "saved_model.pb")))
+            for folder in cluster.work_dirs}
+
+
+def test_relative_paths_from_another_folder_run_on_both_workers_with_the_model_shipped(
+        spark, cluster, model_dir, images, tmp_path, monkeypatch):
+    """The driver's working directory is neither worker's; the model and inputs are named relative to it."""
+    driver = tmp_path / "driver"
+    (driver / "photos").mkdir(parents=True)
+    shutil.copytree(model_dir, driver / "models" / "flowers")
+    for path, data in images.items():
+        (driver / "photos" / os.path.basename(path)).write_bytes(data)
+    before = shipped_copies(cluster)
+    monkeypatch.chdir(driver)
+    summary = spark_job.run(spark_job.parse_args(spark_args("models/flowers", "photos/*", "out")), spark)
+    assert summary["complete"] and summary["partitions"] >= WORKERS
+    assert summary["rows_in"] == summary["results"] + summary["errors"] == len(images)
+    assert summary["model"] == str(driver / "models" / "flowers" / "1")
+    results, errors = read_output(str(driver / "out"))
+    assert_nothing_lost(results, errors, [str(driver / "photos" / os.path.basename(p)) for p in images])
+    new = {folder: copies - before[folder] for folder, copies in shipped_copies(cluster).items()}
+    assert all(len(copies) == 1 for copies in new.values()), new  # so each worker's executor ran tasks
 
 
 def event_log(folder: str) -> list[dict]:
@@ -228,8 +282,8 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def python_workers_under(ancestor: int) -> set[int]:
-    """PySpark's Python workers below a process: the children its daemon forks for tasks."""
+def python_workers_under(ancestors: tuple[int, ...]) -> set[int]:
+    """PySpark's Python workers below the processes: the children their daemons fork for tasks."""
     workers = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or "pyspark.daemon" not in _cmdline(int(entry)):
@@ -237,9 +291,9 @@ def python_workers_under(ancestor: int) -> set[int]:
         pid = parent = int(entry)
         if "pyspark.daemon" not in _cmdline(_parent(pid)):
             continue  # the daemon itself
-        while parent > 1 and parent != ancestor:
+        while parent > 1 and parent not in ancestors:
             parent = _parent(parent)
-        if parent == ancestor:
+        if parent in ancestors:
             workers.add(pid)
     return workers
 
@@ -252,13 +306,14 @@ def _loaded_tensorflow(pid: int) -> bool:
         return False
 
 
-def kill_first_new_worker(ancestor: int, before: set[int], stop: threading.Event, killed: list[int]) -> None:
+def kill_first_new_worker(ancestors: tuple[int, ...], before: set[int], stop: threading.Event,
+                          killed: list[int]) -> None:
     """SIGKILLs the first Python worker forked after `before` once it has begun to import TensorFlow: it is then
     running its task's code, and importing the rest of TensorFlow and loading the model take it seconds more, so
     the kill lands inside a running task (a kill during the worker's handshake could be hidden by Spark
     restarting its daemon)."""
     while not stop.is_set():
-        started = [pid for pid in python_workers_under(ancestor) - before if _loaded_tensorflow(pid)]
+        started = [pid for pid in python_workers_under(ancestors) - before if _loaded_tensorflow(pid)]
         if started:
             os.kill(started[0], signal.SIGKILL)
             killed.append(started[0])
@@ -268,14 +323,14 @@ def kill_first_new_worker(ancestor: int, before: set[int], stop: threading.Event
 
 def test_a_task_whose_python_worker_is_killed_is_retried_with_no_record_lost_or_doubled(
         spark, cluster, model_dir, images, tmp_path):
-    idle = python_workers_under(cluster.worker_pid)
+    idle = python_workers_under(cluster.worker_pids)
     for pid in idle:  # so that the job's first task forks a fresh worker, which the killer can catch cold
         os.kill(pid, signal.SIGKILL)
     output = str(tmp_path / "out")
     args = spark_job.parse_args(spark_args(model_dir, os.path.join(os.path.dirname(next(iter(images))), "*"),
                                            output))
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_first_new_worker, args=(cluster.worker_pid, idle, stop, killed))
+    killer = threading.Thread(target=kill_first_new_worker, args=(cluster.worker_pids, idle, stop, killed))
     killer.start()
     context = spark.sparkContext
     context.setJobGroup("killed-worker", "a Python worker is killed during the first task")
@@ -297,7 +352,7 @@ def test_a_task_whose_python_worker_is_killed_is_retried_with_no_record_lost_or_
 
 def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path):
     (tmp_path / "in").mkdir()
-    pattern, keys = write_input("jsonl", tmp_path / "in", images)
+    pattern, keys, _ = write_input("jsonl", tmp_path / "in", images)
     output, events = str(tmp_path / "out"), str(tmp_path / "events")
     env = {k: v for k, v in spark_env().items() if k != "PYSPARK_PYTHON"}  # local[N] finds its own Python
     done = subprocess.run([sys.executable, "-m", "petal", "batch", *spark_args(
@@ -314,15 +369,36 @@ def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path
     assert names.count("SparkListenerTaskEnd") == summary["partitions"] and names[-1] == "SparkListenerApplicationEnd"
 
 
-def test_bad_flags_missing_inputs_and_a_used_output_dir_stop_before_spark_starts(model_dir, images, tmp_path,
-                                                                                 capsys):
+def test_bad_flags_and_a_used_output_dir_stop_before_spark_starts(model_dir, images, tmp_path, capsys):
     with pytest.raises(SystemExit):
         spark_job.parse_args(spark_args(model_dir, "x", "o", "--rows_per_partition", "0"))
     assert "--rows_per_partition must be at least 1" in capsys.readouterr().err
-    assert spark_job.main(spark_args(model_dir, str(tmp_path / "nothing-*.jpg"), str(tmp_path / "o"))) == 2
-    assert "matches no files" in capsys.readouterr().err and not (tmp_path / "o").exists()
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "prediction.results-00000-of-00001").write_text("{}\n")
     assert spark_job.main(spark_args(model_dir, next(iter(images)), str(tmp_path / "used"))) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert os.listdir(tmp_path / "used") == ["prediction.results-00000-of-00001"]
+
+
+def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line_before_the_cluster_is_asked(
+        cluster, model_dir, images, tmp_path, capfd):
+    """Each failure the driver can see ends the job before any task, with no Spark traceback, in seconds where
+    failing every task on the cluster (a model without its variables, before) took tens of them."""
+    pattern = os.path.join(os.path.dirname(next(iter(images))), "*")
+    assert_each_fails_fast_in_one_line(
+        failing_jobs(tmp_path, model_dir, pattern, "--engine=spark", "--spark_master", cluster.url), capfd)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_keras_tripwire_on_the_executors_fires(spark):
+    """The other jobs here pass only if no executor imports Keras: this proves an import would fail them."""
+
+    def import_keras(_):
+        try:
+            __import__("keras")
+        except RuntimeError as error:
+            return str(error)
+        return "keras imported"
+
+    assert spark.sparkContext.parallelize([0], 1).map(import_keras).collect() == [
+        "keras was imported in a batch worker"]

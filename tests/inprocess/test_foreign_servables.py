@@ -1,6 +1,7 @@
 """SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py and
-tests/tf_serving_models.py build them): a TF1 graph's meta graph chosen by its tags, and a model.tflite without
-signatures given TF Serving's generated one. The same models served by `petal serve` are
+tests/tf_serving_models.py build them): a TF1 graph's meta graph chosen by its tags, a model.tflite without
+signatures given TF Serving's generated one, and a TF2 module's signatures called flat (serving/core/loaders.py).
+The same models served by `petal serve` are
 tests/e2e/test_foreign_loading.py."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import foreign_models
 import tf_serving_models
 from exported_models import model_format
+from serving.core import Code, ServingError
 from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
 
@@ -43,3 +45,19 @@ def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_pat
     for x in ([1.0, 2.0, 5.0], [4.0]):
         got = servable.run("serving_default", {"serving_default_x": np.array(x, np.float32)})
         assert got[output].tolist() == [0.5 * v + 2 for v in x]
+
+
+def test_a_tf2_signature_called_flat_maps_inputs_and_outputs_by_name_and_refuses_bad_input(tmp_path):
+    servable = Servable("m", 1, foreign_models.tf2_module(str(tmp_path)), LoadOptions())
+    assert servable.format == "saved_model_tf2"
+    inputs = {"text": np.array([b"abc", b""], dtype=object), "ids": np.array([[1, 2], [3, 4]], np.int64)}
+    got = servable.run("multi", inputs)  # two inputs, three outputs: the flat orders are not the given ones
+    assert {k: v.tolist() for k, v in got.items()} == {"sum": [3, 7], "length": [3, 0], "echo_bytes": [b"abc", b""]}
+    assert servable.run("multi", inputs, ["length"])["length"].tolist() == [3, 0]
+    for bad in ({"ids": inputs["ids"]}, {**inputs, "extra": inputs["ids"]}):
+        with pytest.raises(ServingError) as refused:
+            servable.run("multi", bad)
+        assert refused.value.code == Code.INVALID_ARGUMENT and "['ids', 'text']" in refused.value.message
+    with pytest.raises(ServingError) as wrong_dtype:  # int32 for an int64 input: TensorFlow's own refusal
+        servable.run("multi", {**inputs, "ids": inputs["ids"].astype(np.int32)})
+    assert wrong_dtype.value.code == Code.INVALID_ARGUMENT and "int64" in wrong_dtype.value.message

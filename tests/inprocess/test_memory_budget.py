@@ -66,6 +66,20 @@ def test_pixels_wait_in_their_own_share_which_bodies_never_take():
     assert off.acquire(10 ** 12) and off.hold(10 ** 12).nbytes == 10 ** 12 and off.held == 0
 
 
+def test_what_is_held_is_exported_by_kind_as_it_changes():
+    metrics = Metrics()
+    budget = MemoryBudget(1000, 100, metrics)
+    held = lambda: {kind: metrics.memory_held.value(kind=kind) for kind in ("bodies", "pixels")}  # noqa: E731
+    hold = budget.hold(300)
+    assert held() == {"bodies": 300, "pixels": 0}
+    budget.acquire(50)
+    hold.grow(100)
+    assert held() == {"bodies": 400, "pixels": 50 * BYTES_PER_PIXEL}
+    budget.release(50)
+    hold.release()
+    assert held() == {"bodies": 0, "pixels": 0}
+
+
 # --- the flags ----------------------------------------------------------------------------------------------
 
 def test_flags_derive_the_budget_and_its_pixel_share_and_keep_the_old_flag():

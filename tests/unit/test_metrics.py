@@ -10,6 +10,7 @@ from serving import metrics as metrics_module
 from serving.metrics import (
     BATCH_SIZE_BUCKETS,
     Metrics,
+    Stage,
     prepare_multiprocess,
     worker_exited,
 )
@@ -113,6 +114,21 @@ def test_instances_are_isolated_in_process():
     assert ':petal:serving:rejected_requests{' not in second.render()
     # Every family is declared, even with no samples yet.
     assert Metrics().render().count("# TYPE ") == 19
+
+
+def test_version_statistics_add_up_each_versions_requests_and_executions():
+    metrics = Metrics()
+    metrics.record_request("m", 1, True, 100.0)
+    metrics.record_request("m", 1, False, 40.0)
+    metrics.record_request("m", 2, True, 7.0)
+    metrics.record_execution("m", 1, [10.0, 30.0], rows=2, batch_size=4, elapsed_us=50.0)
+    metrics.record_execution("m", 1, [5.0], rows=1, batch_size=1, elapsed_us=20.0)
+    one, two = metrics.version_statistics()[("m", 1)], metrics.version_statistics()[("m", 2)]
+    assert (one.success, one.fail) == (Stage(1, 100.0), Stage(1, 40.0))
+    assert (one.queue, one.compute) == (Stage(3, 45.0), Stage(3, 120.0))  # each request's wait; its execution's time
+    assert one.inference_count == 3 and one.batches == {4: Stage(1, 50.0), 1: Stage(1, 20.0)}
+    assert (two.success, two.inference_count, two.batches) == (Stage(1, 7.0), 0, {})
+    assert one.last_inference_ms > 0
 
 
 def _worker(requests: int, queued: int, ready, done) -> None:

@@ -17,6 +17,17 @@ def test_float32_is_written_shortest_with_nan_and_infinity_as_tf_serving_writes_
     assert encode_predict({"h": np.array([[0.1]], np.float16)}, row_format=False) == b'{"outputs":[[0.1]]}'
 
 
+def test_finite_float32_of_any_layout_is_each_value_shortest():
+    rng = np.random.default_rng(0)
+    values = (rng.standard_normal(4000) * 10.0 ** rng.integers(-40, 38, 4000)).astype(np.float32)
+    values[:3] = [0.1, 3.4028235e38, 1e-45]  # the largest float32 and the smallest subnormal
+    grid = values.reshape(40, 100).T  # not C-contiguous
+    got = predict_response({"y": grid}, row_format=False)["outputs"]
+    assert got == [[float(str(v)) for v in row] for row in grid]  # numpy's shortest repr of each float32
+    assert encode_predict({"y": np.array([[0.2, 1 / 3]], np.float32)}, row_format=True) == (
+        b'{"predictions":[[0.2,0.33333334]]}')
+
+
 def test_rows_need_every_output_batched_alike():
     with pytest.raises(ServingError, match=r"^Tensor name: b has inconsistent batch size: 1 expecting: 2$"):
         predict_response({"a": np.zeros(2), "b": np.zeros(1)}, row_format=True)

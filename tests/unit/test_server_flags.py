@@ -89,11 +89,10 @@ def test_each_flag_of_the_list_is_in_the_parser_and_on_the_flags_page():
 
 def test_a_flag_that_changes_nothing_is_named_with_why_and_one_with_petals_value_is_silent():
     options = parse_args(["--num_load_threads=4", "--enable_profiler", "--num_request_iterations_for_warmup=1",
-                          "--enable_grpc_healthcheck_service=true", "--per_process_gpu_memory_fraction=0.5"])
+                          "--enable_grpc_healthcheck_service=true"])
     assert dict(options.ineffective_flags) == {
         "--num_load_threads=4": "Petal loads versions one at a time on one thread",
-        "--enable_profiler=true": "Petal serves no TensorFlow profiler service",
-        "--per_process_gpu_memory_fraction=0.5": "TensorFlow chooses how much GPU memory to take"}
+        "--enable_profiler=true": "Petal serves no TensorFlow profiler service"}
     assert parse_args([]).ineffective_flags == ()
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeGuard
 
 import msgspec
 import numpy as np
+import orjson
 from google.protobuf import json_format
 from msgspec import UNSET, Meta, UnsetType
 from tensorflow.core.example import example_pb2, feature_pb2
@@ -290,6 +291,10 @@ def float32_json(value: float) -> float:
 def to_json(name: str, array: np.ndarray) -> list | object:
     """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes;
     float32 and float16 values as their shortest decimals (float32_json), vectorised."""
+    if array.dtype == np.float32 and array.ndim and np.isfinite(array).all():
+        # orjson writes a float32 as its shortest decimal too, about 6x faster than formatting through str; it
+        # would write NaN and the infinities as null, and a 0-d array as a list, so those take the path below
+        return orjson.loads(orjson.dumps(np.ascontiguousarray(array), option=orjson.OPT_SERIALIZE_NUMPY))
     if array.dtype in (np.float32, np.float16):
         return array.astype(str).astype(np.float64).tolist()
     if array.dtype != object:

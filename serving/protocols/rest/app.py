@@ -117,6 +117,8 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     def wait_for_startup() -> None:
         """As TF Serving's clients expect, a model call made while the initial load runs is answered once it is
         over (or its REST deadline passes), rather than with "loading" or "not found"."""
+        if core.startup.done:  # open for good: no request needs looking at
+            return
         request = flask.request
         if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
                 and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model

@@ -1,0 +1,82 @@
+"""What the driver checks before it asks any worker for work, the same for both engines (docs/batch.md, 'When a job
+cannot start').
+
+A job that cannot succeed must say so in seconds, in one line, before a cluster spends minutes failing every task
+with a traceback wrapped in Java: so the driver makes every local path absolute (an executor's working directory
+is not the driver's), loads the model and checks its signature, and proves the output folder writable. The
+engines add what only they know: whether the input pattern matches, and whether their workers run on this
+machine (serving/batch_prediction/job.py, spark_job.py).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import posixpath
+from collections.abc import Callable
+
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+
+from serving.batch_prediction import core
+from serving.core.errors import ServingError, op_error_message
+
+logger = logging.getLogger(__name__)
+
+PATH_FLAGS = ("model_dir", "input", "output_dir")
+WRITE_CHECK = ".petal-write-check"
+
+
+class CannotStart(Exception):
+    """The job cannot start; the message is the one line the user sees (exit status 2)."""
+
+
+def absolute(path: str) -> str:
+    """A local path as every process on this machine reads it, whatever its working directory; a URL as it is."""
+    return path if core.is_url(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def resolve_paths(args: argparse.Namespace, names: tuple[str, ...] = PATH_FLAGS) -> None:
+    """Makes the named path flags absolute, once, on the driver (flags left out stay None)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            setattr(args, name, absolute(value))
+
+
+def _reason(error: Exception) -> str:
+    """What went wrong, in one line: a TensorFlow error's own message without its op noise, else the first line."""
+    if isinstance(error, tf.errors.OpError):
+        return op_error_message(error.message)
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
+def load_model(args: argparse.Namespace) -> core.ModelInfo:
+    """The model read, loaded and its signature checked here, so that a model no worker could load stops the job
+    before any starts. The loaded copy is dropped again: the workers load their own.
+
+    A missing model or a signature the flags do not fit already says so in one line (FileNotFoundError,
+    ValueError); what TensorFlow or protobuf raise about an unreadable one is cut to its first line."""
+    try:
+        info = core.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
+    except (DecodeError, tf.errors.OpError) as error:
+        raise CannotStart(f"--model_dir {args.model_dir}: cannot read the SavedModel: {_reason(error)}") from None
+    try:
+        core.check_model(info)
+    except (OSError, ValueError, KeyError, tf.errors.OpError, ServingError) as error:
+        logger.info("model check failed", exc_info=True)
+        raise CannotStart(f"--model_dir {args.model_dir}: cannot load {info.path}: {_reason(error)}") from None
+    return info
+
+
+def check_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], list[str]],
+                     delete: Callable[[list[str]], object], touch: Callable[[str], object]) -> None:
+    """Refuses a used folder (core.prepare_output_dir), then writes and deletes one empty file in it, so that a
+    folder no task could write fails now rather than in every task. `touch` creates a file, and its folders."""
+    core.prepare_output_dir(output_dir, overwrite, match, delete)
+    probe = posixpath.join(output_dir.rstrip("/"), WRITE_CHECK)
+    try:
+        touch(probe)
+        delete([probe])
+    except (OSError, tf.errors.OpError) as error:
+        raise CannotStart(f"--output_dir {output_dir} cannot be written: {_reason(error)}") from None

@@ -1,0 +1,123 @@
+"""What a Spark task runs in an executor's Python worker: one partition's records to a results shard.
+
+Kept apart from the driver's code (serving/batch_prediction/spark_job.py), so that unpickling a task imports only
+what scoring uses: this module, the engine-free core and TensorFlow (without Keras: see
+serving/batch_prediction/__init__.py), never the driver's job, flags or checks, nor the any-model stack an image
+job does not run (docs/batch.md, 'Lean workers').
+
+The model loads once per executor Python worker (Spark reuses them across tasks) with TensorFlow's thread pools
+sized to the task's cores; a model the driver shipped with the job (spark_job.ship_model) is read from the
+executor's own unpacked copy.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from itertools import chain
+from typing import Any
+
+import tensorflow as tf
+from pyspark import SparkFiles, TaskContext
+
+from serving.batch_prediction import core
+
+TEMPORARY = "_temporary"
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    """Everything a task needs, shipped to the executors with the partition function. `model_archive` names the
+    archive of the model folder the driver added to the job, when the executors cannot read the driver's."""
+
+    info: core.ModelInfo
+    input_format: str
+    output_dir: str
+    partitions: int
+    batch_size: int
+    top_k: int
+    use_tpu: bool
+    tpu: str | None
+    model_archive: str | None = None
+
+    def results_path(self, index: int) -> str:
+        return posixpath.join(self.output_dir, f"{core.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
+
+    def errors_part(self, index: int) -> str:
+        return posixpath.join(self.output_dir, TEMPORARY, f"errors-{index:05d}")
+
+    def executor_info(self) -> core.ModelInfo:
+        """The model as this executor reads it: the shipped copy's `<model>/<version>` folder, else the path as
+        given (see spark_job.ship_model for the archive's layout)."""
+        if self.model_archive is None:
+            return self.info
+        return replace(self.info, path=os.path.join(SparkFiles.get(self.model_archive), archived_name(self.info.path)))
+
+
+def archived_name(version_dir: str) -> str:
+    """`<model>/<version>`, the last two parts of a version folder: the servable's name and version stay as the
+    driver sees them when the folder is read from an archive."""
+    parts = version_dir.rstrip("/").split("/")
+    return "/".join(p for p in parts[-2:] if p)
+
+
+def _open(path: str):
+    return tf.io.gfile.GFile(path, "rb")
+
+
+def _read(input_format: str, mode: str, unit: Any) -> Iterator[core.Record | core.Failure]:
+    if input_format == "tfrecord":
+        return core.read_tfrecord_file(unit, mode)
+    if input_format == "jsonl":
+        return core.read_jsonl_file(unit, _open, mode)
+    return (core.read_file(path, _open) for path in unit)
+
+
+_models: dict[tuple, tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]] = {}
+
+
+def _task() -> TaskContext:
+    """The running task's context, which Spark sets in every task (and these functions run only in tasks)."""
+    context = TaskContext.get()
+    assert context is not None
+    return context
+
+
+def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]:
+    """The model and decoder of this executor Python worker, loaded by its first task and kept for the others.
+
+    TensorFlow's pools can only be sized before its runtime starts, so the first task sizes them to the cores
+    Spark gives a task (spark.task.cpus): the executor's other cores run other tasks' workers.
+    """
+    key = (job.info, job.model_archive, job.batch_size, job.use_tpu, job.tpu)
+    if key not in _models:
+        if not _models:
+            cpus = _task().cpus()
+            tf.config.threading.set_intra_op_parallelism_threads(cpus)
+            tf.config.threading.set_inter_op_parallelism_threads(cpus)
+        info = job.executor_info()
+        _models[key] = (core.load_model(info, job.batch_size, job.use_tpu, job.tpu), core.make_decoder(info))
+    return _models[key]
+
+
+def score_partition(job: PartitionJob, index: int, units: Iterable[Any]) -> Iterator[tuple[int, dict, float,
+                                                                                            float]]:
+    """One task: its records to a results shard and an errors part, committed by rename once complete.
+
+    Its time is stamped once the model is there, so the job's processing rate leaves the workers' start-up
+    and the model's loading out."""
+    model, decoder = _model(job)
+    started = time.time()
+    scorer = core.Scorer(decoder, model, job.info, job.top_k)
+    attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
+    with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
+        for out in (results, errors):
+            out.write("")  # GFile creates its file on the first write, and an empty shard must exist too
+        records = chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)
+        for is_result, line in scorer.score(records):
+            (results if is_result else errors).write(line + "\n")
+    tf.io.gfile.rename(f"{attempt}.errors", job.errors_part(index), overwrite=True)
+    tf.io.gfile.rename(f"{attempt}.results", job.results_path(index), overwrite=True)
+    yield index, asdict(scorer.counts), started, time.time()
