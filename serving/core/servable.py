@@ -38,7 +38,7 @@ class Servable:
         self.format = self._loaded.format
         self.signatures = self._loaded.signatures
         self.static_shapes = self._loaded.static_shapes
-        self.labels = model_format.version_labels(path)
+        self.labels = model_format.class_names(path)
         self.refs = 0
         self.batched = self._batched_signatures() if options.batching else frozenset()
 
