@@ -155,7 +155,7 @@ def read_labels(path: str) -> list[str]:
     return labels
 
 
-def version_labels(version_dir: str) -> list[str]:
+def class_names(version_dir: str) -> list[str]:
     """A version's class names; a SavedModel from elsewhere may have none, and is served without them."""
     path = f"{version_dir.rstrip('/')}/{LABELS_ASSET}"
     return read_labels(path) if tf.io.gfile.exists(path) else []

@@ -111,7 +111,8 @@ class RowDecoder:
         return {name: coerce(name, value, inputs[name], static_shapes=False) for name, value in named.items()}
 
 
-def version_of(path: str) -> int:
+def folder_version(path: str) -> int:
+    """The version a folder's name says (0 for a model folder that is not a numbered version)."""
     name = posixpath.basename(path.rstrip("/"))
     return int(name) if name.isdigit() else 0
 
@@ -120,7 +121,7 @@ class SignatureBatchModel:
     """One signature of any servable model, on batches of exactly `batch_size` rows."""
 
     def __init__(self, path: str, signature_name: str, method: str, batch_size: int):
-        self.servable = Servable(posixpath.basename(posixpath.dirname(path.rstrip("/"))), version_of(path), path)
+        self.servable = Servable(posixpath.basename(posixpath.dirname(path.rstrip("/"))), folder_version(path), path)
         self.signature_name = signature_name
         self.method = method
         self.batch_size = batch_size

@@ -39,10 +39,10 @@ from tensorflow.core.example import example_pb2
 from exported_models.model_format import (
     DEFAULT_SIGNATURE,
     LABELS_ASSET,
+    class_names,
     latest_version,
     read_labels,
     read_signatures,
-    version_labels,
 )
 from serving.core.errors import ServingError, op_error_message
 from training.preprocessing import preprocess_eval
@@ -249,7 +249,7 @@ def _any_model_info(path: str, signatures: dict, signature_name: str, method: st
     if input_format is not None and input_format not in any_model.INPUT_FORMATS[mode]:
         raise ValueError(f"signature {signature_name!r} runs {mode}, which reads --input_format "
                          f"{' or '.join(any_model.INPUT_FORMATS[mode])}, not {input_format}")
-    return ModelInfo(path=path, height=0, width=0, labels=tuple(version_labels(path)), signature=signature_name,
+    return ModelInfo(path=path, height=0, width=0, labels=tuple(class_names(path)), signature=signature_name,
                      mode=mode)
 
 

@@ -27,7 +27,7 @@ from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionState, VersionStatus
-from serving.core.servable import Servable
+from serving.core.servable import Servable, loader
 from serving.core.startup import Startup
 from serving.metrics import Metrics, VersionStatistics
 
@@ -127,7 +127,7 @@ def _to_bytes(value) -> bytes:
 @dataclass
 class DataPlane:
     """Everything one worker process serves. Methods raise ServingError and are safe to call from any thread."""
-    repository: Repository
+    repository: Repository[Servable]
     batcher: Batcher
     # The worker's memory budget: protocols hold a request's body in it from admission to answer, and the batcher
     # the decoded pixels of each TF call.
@@ -372,12 +372,12 @@ class DataPlane:
         memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics,
                               pending=budget_after_load is not None)
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
-        repository = Repository(options.model_server_config(), metrics, options.file_system_poll_wait_seconds,
-                                warmup=options.enable_model_warmup, on_unload=batcher.forget,
-                                drain_seconds=drain_seconds,
-                                load_options=LoadOptions.from_flags(options.saved_model_tags,
-                                                                    options.prefer_tflite_model,
-                                                                    options.enable_batching))
+        load_options = LoadOptions.from_flags(options.saved_model_tags, options.prefer_tflite_model,
+                                              options.enable_batching)
+        repository = Repository(options.model_server_config(),
+                                loader(load_options, metrics, warmup=options.enable_model_warmup), metrics,
+                                options.file_system_poll_wait_seconds, on_unload=batcher.forget,
+                                drain_seconds=drain_seconds)
         core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
                    startup=Startup(ports_to_open), budget_after_load=budget_after_load)
         repository.start()

@@ -1,11 +1,16 @@
-"""The model repository: version discovery, load-before-unload transitions, warmup and in-flight tracking.
+"""The model repository: version discovery, load-before-unload transitions and in-flight tracking.
 
 A background thread polls every model's base path. New aspired versions are loaded and warmed while the old ones
 keep serving; only then are versions that are no longer aspired unloaded, after their in-flight requests finish.
 A version that fails to load is reported END with its error and the versions below it stay candidates, so a
 broken upload never takes a model down. It is retried when its files change: a plain `cp -r` can show
 saved_model.pb before variables/ is complete, and must not leave that version dead until a restart.
-After a pass that loaded or unloaded anything, the heap is settled (serving/core/heap.py) to keep GC pauses short.
+
+The repository decides only *when* a version loads and unloads. *How* it loads is the loader it is given, TF
+Serving's Loader in small: a function from (model name, version, folder) to the loaded and warmed version, which
+raises if it cannot. The DataPlane passes the real one (serving/core/servable.py `loader`); a fake that succeeds,
+fails or hangs on cue tests the transitions in milliseconds. After a pass that loaded or unloaded anything,
+`settle_heap` runs (by default serving/core/heap.py's, which keeps GC pauses short with real models loaded).
 The rules are TF Serving's: docs/protocols.md, 'Versions'.
 """
 from __future__ import annotations
@@ -17,14 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import heap
 from serving.core.errors import ServingError, invalid, not_found, unavailable
-from serving.core.loaders import LoadOptions
 from serving.core.policy import aspired_versions
-from serving.core.servable import Servable
 from serving.core.source import candidate_versions, files_signature
 from serving.metrics import Metrics
 
@@ -49,34 +53,51 @@ class VersionStatus:
     error_message: str = ""
 
 
+class Loaded(Protocol):
+    """What the repository reads of a loaded version: only what its "version available" log line says of it."""
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def warmup_records(self) -> int: ...
+
+
+S = TypeVar("S", bound=Loaded)
+# The loader: (model name, version, folder) -> the version loaded and warmed up, ready to serve; raises otherwise.
+Load = Callable[[str, int, str], S]
+
+
 @dataclass
-class _Version:
+class _Version(Generic[S]):
     status: VersionStatus
-    servable: Servable | None = None
+    servable: S | None = None
     files: tuple = ()  # files_signature when its load began: a failed version is retried once this changes
+    refs: int = 0  # requests in flight on it: an unload waits for them to finish
 
 
 @dataclass
-class _Model:
+class _Model(Generic[S]):
     config: model_server_config_pb2.ModelConfig
-    versions: dict[int, _Version] = field(default_factory=dict)
+    versions: dict[int, _Version[S]] = field(default_factory=dict)
 
 
-class Repository:
-    """Every model a worker serves. All public methods are thread-safe; loading happens on one poll thread."""
+class Repository(Generic[S]):
+    """Every model a worker serves, as versions its loader made. All public methods are thread-safe; loading
+    happens on one poll thread, so a load that hangs holds up other loads (as TF Serving's --num_load_threads=0
+    does) but never a request, a status or a readiness answer."""
 
-    def __init__(self, config: model_server_config_pb2.ModelServerConfig, metrics: Metrics,
-                 poll_seconds: float = 1.0, warmup: bool = True,
-                 on_unload: Callable[[str, int], None] | None = None, drain_seconds: float = 30.0,
-                 load_options: LoadOptions = LoadOptions()):
+    def __init__(self, config: model_server_config_pb2.ModelServerConfig, load: Load[S], metrics: Metrics,
+                 poll_seconds: float = 1.0, on_unload: Callable[[str, int], None] | None = None,
+                 drain_seconds: float = 30.0, settle_heap: Callable[[], object] = heap.settle):
+        self._load_version = load
         self._metrics = metrics
-        self._load_options = load_options
         self._drain_seconds = drain_seconds
         self._poll_seconds = poll_seconds
-        self._warmup = warmup
         self._on_unload = on_unload
+        self._settle_heap = settle_heap
         self._lock = threading.Condition()
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, _Model[S]] = {}
         self._wake = threading.Event()
         self._stopped = False
         self._first_pass_done = False
@@ -114,7 +135,7 @@ class Repository:
         self._drop_removed()
         if self._changed:
             self._changed = False
-            heap.settle()
+            self._settle_heap()
         with self._lock:
             self._first_pass_done = True
             self._lock.notify_all()
@@ -145,7 +166,7 @@ class Repository:
 
     # --- transitions -------------------------------------------------------------------------------------------
 
-    def _reconcile(self, name: str, model: _Model) -> None:
+    def _reconcile(self, name: str, model: _Model[S]) -> None:
         config = model.config
         if config is None:
             return
@@ -168,9 +189,9 @@ class Repository:
         for version in retiring:
             self._unload(name, model, version)
 
-    def _load(self, name: str, model: _Model, version: int, path: str) -> None:
+    def _load(self, name: str, model: _Model[S], version: int, path: str) -> None:
         self._changed = True
-        entry = _Version(VersionStatus(version, VersionState.LOADING), files=files_signature(path))
+        entry: _Version[S] = _Version(VersionStatus(version, VersionState.LOADING), files=files_signature(path))
         with self._lock:
             retry = model.versions.get(version)
             if retry is not None and retry.status.error_code != "OK":
@@ -179,8 +200,7 @@ class Repository:
             model.versions[version] = entry
         started = time.monotonic()
         try:
-            servable = Servable(name, version, path, self._load_options)
-            warmed = servable.warmup(self._metrics) if self._warmup else 0
+            servable = self._load_version(name, version, path)
         except Exception as error:
             message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
             logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
@@ -197,18 +217,18 @@ class Repository:
             self._lock.notify_all()
         logger.info("version available", extra={"fields": {"model": name, "version": version, "path": path,
                                                          "format": servable.format,
-                                                         "load_seconds": round(elapsed, 3), "warmup": warmed}})
+                                                         "load_seconds": round(elapsed, 3),
+                                                         "warmup": servable.warmup_records}})
 
-    def _unload(self, name: str, model: _Model, version: int) -> None:
+    def _unload(self, name: str, model: _Model[S], version: int) -> None:
         """Retire a version once its requests in flight finish, waiting at most --graceful_timeout for them."""
         self._changed = True
         with self._lock:
             entry = model.versions[version]
             entry.status = VersionStatus(version, VersionState.UNLOADING)
-            servable = entry.servable
             deadline = time.monotonic() + self._drain_seconds
-            while servable is not None and servable.refs > 0 and time.monotonic() < deadline:
-                self._lock.wait(0.1)
+            while entry.refs > 0 and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
             entry.servable = None
             entry.status = VersionStatus(version, VersionState.END)
         self._metrics.loaded_versions.remove(model_name=name, version=str(version))
@@ -246,7 +266,7 @@ class Repository:
         return bool(configured) and all(
             any(e.status.state == VersionState.AVAILABLE for e in m.versions.values()) for m in configured)
 
-    def _model(self, name: str) -> _Model:
+    def _model(self, name: str) -> _Model[S]:
         model = self._models.get(name)
         if model is None or model.config is None:
             raise not_found(f"Could not find any versions of model {name}")
@@ -282,26 +302,26 @@ class Repository:
             return [model.versions[v].status for v in sorted(model.versions, reverse=True)]
 
     @contextmanager
-    def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Servable]:
+    def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[S]:
         """The servable a request runs on, held so an unload waits for the request to finish."""
         version = self.resolve_version(name, version, label)
         with self._lock:
-            servable = self._find(name, version)
-            servable.refs += 1
+            entry, servable = self._find(name, version)
+            entry.refs += 1
         try:
             yield servable
         finally:
             with self._lock:
-                servable.refs -= 1
-                if servable.refs == 0:
+                entry.refs -= 1
+                if entry.refs == 0:
                     self._lock.notify_all()
 
-    def _find(self, name: str, version: int | None) -> Servable:
+    def _find(self, name: str, version: int | None) -> tuple[_Version[S], S]:
         model = self._models.get(name)
         spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         if model is None or model.config is None:
             raise not_found(f"Servable not found for request: {spec}")
-        available = {v: e.servable for v, e in model.versions.items()
+        available = {v: (e, e.servable) for v, e in model.versions.items()
                      if e.status.state == VersionState.AVAILABLE and e.servable is not None}
         if version is None:
             if available:

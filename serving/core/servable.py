@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 class Servable:
-    """One loaded version. `refs` counts requests in flight, so an unload can wait for them to finish.
+    """One loaded version; the repository counts the requests in flight on it, and `loader` below makes it for
+    the repository. `labels` are its class names (exported_models/model_format.py `class_names`).
 
     `static_shapes` says whether running checks the signature's shapes itself (TF2 functions do); where it is
     False (a Session, TFLite) only the model's own ops check them, as in TF Serving. `batched` holds the signatures
@@ -38,8 +40,8 @@ class Servable:
         self.format = self._loaded.format
         self.signatures = self._loaded.signatures
         self.static_shapes = self._loaded.static_shapes
-        self.labels = model_format.version_labels(path)
-        self.refs = 0
+        self.labels = model_format.class_names(path)
+        self.warmup_records = 0  # replayed by `warmup`
         self.batched = self._batched_signatures() if options.batching else frozenset()
 
     def _batched_signatures(self) -> frozenset[str]:
@@ -83,4 +85,16 @@ class Servable:
                 self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
             count += 1
         metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
+        self.warmup_records = count
         return count
+
+
+def loader(options: LoadOptions, metrics: Metrics, warmup: bool = True) -> Callable[[str, int, str], Servable]:
+    """The repository's loader (serving/core/repository.py), TF Serving's SavedModelBundle loader: a version is
+    loaded with these options and, with --enable_model_warmup, warmed up before the repository serves it."""
+    def load(model: str, version: int, path: str) -> Servable:
+        servable = Servable(model, version, path, options)
+        if warmup:
+            servable.warmup(metrics)
+        return servable
+    return load

@@ -1,10 +1,11 @@
-"""The model repository's rules that need no model: labels.txt read as the repository reads it, and the versions
-each model_version_policy aspires to (the repository on real SavedModels is tests/e2e/test_repository.py)."""
+"""The model repository's rules that need no model: labels.txt (a version's class names) read as the server reads
+it, and the versions each model_version_policy aspires to (the repository's transitions under each policy are
+tests/unit/test_version_transitions.py)."""
 import pytest
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import read_labels
-from serving.core.repository import aspired_versions
+from serving.core.policy import aspired_versions
 
 
 def test_read_labels_skips_blank_lines_and_rejects_bad_files(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+import pytest
+
 from exported_models import model_format
 
 
@@ -38,3 +40,14 @@ def test_colliding_folders_pick_the_name_sorting_last_and_say_so(tmp_path, caplo
     assert [(r.fields["version"], r.fields["loaded_from"], r.fields["ignored"]) for r in warnings] == [
         (7, "7", ["0007", "007"])]
     assert model_format.latest_version(str(tmp_path)) == f"{tmp_path}/00000008"
+
+
+def test_a_folder_without_a_model_is_no_version_and_latest_version_says_so(tmp_path):
+    touch_version(tmp_path, "3")
+    os.makedirs(tmp_path / "7")  # no saved_model.pb yet: still being copied
+    os.makedirs(tmp_path / "tmp")
+    assert model_format.exported_versions(str(tmp_path)) == [3]
+    assert model_format.latest_version(str(tmp_path / "3")) == str(tmp_path / "3"), "a version folder as it is"
+    assert model_format.exported_versions(str(tmp_path / "missing")) == []
+    with pytest.raises(FileNotFoundError, match="no SavedModel"):
+        model_format.latest_version(str(tmp_path / "7"))
