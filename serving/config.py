@@ -143,7 +143,7 @@ class ProtocolOptions:
     channel arguments, connection limits and timeouts, the REST deadline and body limit, CORS, the web UI, the
     metrics path and the access log."""
     port: int = 8500
-    grpc_socket_path: str = ""  # gRPC on this Unix socket too (serving/protocols/unix_socket.py)
+    grpc_socket_path: str = ""  # gRPC on this Unix socket too (serving/protocols/grpc_api/unix_socket.py)
     grpc_max_threads: int = 64  # enough that requests can wait in the batcher together: a batch forms only from them
     rest_api_port: int = 8501
     host: str = "0.0.0.0"

@@ -33,7 +33,7 @@ from serving.config import (
     log_estimated_budget,
     parse_args,
 )
-from serving.protocols import unix_socket
+from serving.protocols.grpc_api import unix_socket
 
 if TYPE_CHECKING:  # TensorFlow comes with the core, and only the workers import it
     import grpc
@@ -62,13 +62,13 @@ class GrpcAfterLoad:
         threading.Thread(target=self._start, name="petal-grpc-start", daemon=True).start()
 
     def _start(self) -> None:
-        from serving.protocols import grpc_api
+        from serving.protocols.grpc_api import server as grpc_server
 
         self.core.wait_loaded()
         try:
             if not self.core.draining():
-                self.server = grpc_api.start(self.core, self.options.protocols, self.options.security,
-                                             self.options.process.runtime_dir)
+                self.server = grpc_server.start(self.core, self.options.protocols, self.options.security,
+                                                self.options.process.runtime_dir)
         except Exception:  # a port in use, say: fail the way a worker that cannot boot does, stopping the server
             logger.exception("gRPC failed to start")
             os._exit(Arbiter.WORKER_BOOT_ERROR)
@@ -185,7 +185,7 @@ class PetalApplication(BaseApplication):
             "petal_tls": (tls, *self.tls_files) if tls and self.tls_files else None})
 
     def load(self):
-        from serving.protocols.app import create_app
+        from serving.protocols.rest.app import create_app
         from serving.worker import create_core
 
         options = self.options

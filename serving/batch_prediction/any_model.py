@@ -29,11 +29,8 @@ from typing import Any
 import numpy as np
 
 from exported_models.model_format import SignatureInfo
-from serving.core import examples
-from serving.core.dataplane import check_shape, coerce
-from serving.core.errors import ServingError, invalid
-from serving.core.servable import Servable
-from serving.protocols.rest import examples_json, float32_json, predict_inputs, predict_response
+from serving.core import Servable, ServingError, check_shape, coerce, examples, invalid
+from serving.protocols.codec.tfserving_json import example_input, float32_json, instance_tensors, predict_response
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +86,7 @@ def record_payload(method: str, row: dict) -> Any:
         return row["instance"]
     if "example" not in row:
         raise invalid('line must be a JSON object with "key" and "example" (one TF Serving REST example)')
-    return examples.serialized_examples(examples.input_from_json(examples_json({"examples": [row["example"]]})))[0]
+    return examples.serialized_examples(example_input(row["example"]))[0]
 
 
 class RowDecoder:
@@ -100,14 +97,13 @@ class RowDecoder:
     def __init__(self, method: str, info: SignatureInfo):
         self._method = method
         self._info = info
-        self._names = list(info.inputs)  # what every record is checked against, worked out once
         self._required = set(info.inputs) - set(info.defaults)
 
     def __call__(self, payload: Any) -> Row:
         if self._method != PREDICT:
             return payload
         inputs = self._info.inputs
-        named = predict_inputs({"instances": [payload]}, self._names)
+        named = instance_tensors(payload, self._info)
         unknown = sorted(set(named) - inputs.keys())
         missing = sorted(self._required - set(named))
         if unknown or missing:

@@ -1,15 +1,26 @@
 """The dataplane: one `DataPlane` per worker process, shared by every protocol.
 
 This package's namespace is the core's public interface. Protocol adapters import from here, never from the
-modules behind it (the repository, batcher, servable), as the import-linter contract in pyproject.toml checks.
+modules behind it (the repository, batcher, servable), as the import-linter contract in pyproject.toml checks; the
+batch job runs a `Servable` on its own, checking rows with the same `coerce` and `check_shape`.
 """
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
-from serving.core.dataplane import IMAGE_INPUT, NUMPY_DTYPES, PROBABILITIES_OUTPUT, DataPlane, Inputs, PredictResult
+from serving.core.dataplane import (
+    IMAGE_INPUT,
+    NUMPY_DTYPES,
+    PROBABILITIES_OUTPUT,
+    DataPlane,
+    Inputs,
+    PredictResult,
+    check_shape,
+    coerce,
+)
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
-from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, Result, Task, input_from_json
+from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, Result, Task
 from serving.core.repository import VersionState, VersionStatus
+from serving.core.servable import Servable
 
 __all__ = ["CLASSIFY_METHOD", "DEFAULT_SIGNATURE", "IMAGE_INPUT", "NUMPY_DTYPES", "PROBABILITIES_OUTPUT",
-           "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Result", "ServingError", "SignatureInfo",
-           "Task", "TensorInfo", "VersionState", "VersionStatus", "deadline_exceeded", "input_from_json", "invalid",
-           "not_found", "unavailable"]
+           "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Result", "Servable", "ServingError",
+           "SignatureInfo", "Task", "TensorInfo", "VersionState", "VersionStatus", "check_shape", "coerce",
+           "deadline_exceeded", "invalid", "not_found", "unavailable"]

@@ -6,18 +6,17 @@ inputs and outputs, not its method name (as `tensorflow_model_server` does unles
 its one input is `inputs` and its outputs are `classes`/`scores` (classify) or `outputs` (regress). With a
 context, each example is the context's bytes followed by its own: protobuf merges concatenated messages, so an
 example's feature overrides the context's feature of the same name, exactly as TF Serving's
-InputToSerializedExampleTensor does. The REST form's JSON features follow TF Serving's json_tensor.cc: integers
-and booleans are int64_list, other numbers float_list, strings and {"b64"} bytes_list.
+InputToSerializedExampleTensor does. (The REST form's JSON examples become tf.Examples in the TF Serving JSON codec,
+serving/protocols/codec/tfserving_json.py.)
 
 No model runs here (numpy and protos), so the dataplane and the warmup replay both use it.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
-from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow.core.example import example_pb2
 from tensorflow_serving.apis import input_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, dtype_name
@@ -29,9 +28,6 @@ INPUTS = "inputs"
 CLASSES = "classes"
 SCORES = "scores"
 OUTPUTS = "outputs"
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-_UINT64_MAX = (1 << 64) - 1
-_DEBUG_BYTES = 256  # TF Serving cuts a JSON value quoted in an error to this much
 
 
 @dataclass(frozen=True)
@@ -111,77 +107,6 @@ def serialized_examples(request_input: input_pb2.Input) -> np.ndarray:
     if not examples:
         raise invalid("Input is empty.")
     return np.array([context + example.SerializeToString() for example in examples], dtype=object)
-
-
-def _debug(value: object) -> str:
-    text = json.dumps(value, separators=(",", ":"), default=lambda v: "<bytes>")
-    return text[:_DEBUG_BYTES]
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "Null"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    names: dict[type, str] = {dict: "Object", list: "Array", str: "String"}
-    return names.get(type(value), "Number")
-
-
-_KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64", None: "UNKNOWN"}
-
-
-def _add_value(feature: feature_pb2.Feature, name: str, value: object) -> None:
-    """One JSON value into a Feature, as TF Serving's AddValueToFeature: a feature holds one kind only."""
-    item: bytes | int | float
-    if isinstance(value, bytes | str):
-        kind, item = "bytes_list", value if isinstance(value, bytes) else value.encode("utf-8")
-    elif isinstance(value, bool):
-        kind, item = "int64_list", int(value)
-    elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
-        kind, item = "int64_list", value
-    elif isinstance(value, int) and _INT64[1] < value <= _UINT64_MAX:
-        raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
-    elif isinstance(value, int | float):
-        kind, item = "float_list", float(value)
-    else:
-        raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
-    have = feature.WhichOneof("kind")
-    if have not in (None, kind):
-        raise invalid(f"Unexpected element type in feature: {name} expecting type: {_KIND_NAMES[have]}")
-    getattr(feature, kind).value.append(item)
-
-
-def example_from_json(value: object) -> example_pb2.Example:
-    """A JSON object as a tf.Example; a feature's value is one value or a list of them. Bytes stand for the
-    {"b64": ...} values the protocol adapter decoded; any other object is an error."""
-    if not isinstance(value, dict):
-        raise invalid(f"Example must be JSON object but got JSON {_json_type(value)}")
-    example = example_pb2.Example()
-    for name, content in value.items():
-        feature = feature_pb2.Feature()
-        for item in content if isinstance(content, list) else [content]:
-            _add_value(feature, name, item)
-        example.features.feature[name].CopyFrom(feature)
-    return example
-
-
-def input_from_json(body: dict) -> input_pb2.Input:
-    """A REST classify or regress body's "context" and "examples" as the gRPC Input TF Serving builds."""
-    request_input = input_pb2.Input()
-    context = "context" in body
-    if context:
-        request_input.example_list_with_context.context.CopyFrom(example_from_json(body["context"]))
-    examples = body.get("examples")
-    if "examples" not in body:
-        raise invalid(f"JSON Value: {_debug(body)} When method is classify, key 'examples' is expected and was "
-                      "not found")
-    if not isinstance(examples, list):
-        raise invalid(f"JSON Value: {_debug(body)} Expecting 'examples' value to be an list/array")
-    if not examples:
-        raise invalid(f"JSON Value: {_debug(body)} 'examples' value is an empty array")
-    target = request_input.example_list_with_context if context else request_input.example_list
-    target.examples.extend(example_from_json(example) for example in examples)
-    return request_input
 
 
 # --- results --------------------------------------------------------------------------------------------------

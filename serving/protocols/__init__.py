@@ -1,2 +1,5 @@
-"""Protocol adapters over the core: TF Serving REST (`rest`), KServe V2 (`kserve`), TF Serving gRPC (`grpc_api`),
-and the Flask app that mounts the HTTP ones (`app`). Each turns its wire format into a `serving.core.DataPlane` call."""
+"""Protocol adapters over the core, in three packages: `codec` (one per wire format, neither Flask nor grpc),
+`rest` (the Flask app: TF Serving's /v1 and KServe V2 over HTTP) and `grpc_api` (the gRPC server: TF Serving's
+services, KServe V2's and health, behind one gate). Beside them, what both transports share: `auth`, `access_log`
+and `v2` (KServe V2's documents). Each adapter moves bytes to a codec and the codec's result to a
+`serving.core.DataPlane` call (docs/ARCHITECTURE.md)."""

@@ -1,40 +1,24 @@
-"""What KServe V2 over REST (kserve.py) and over gRPC (kserve_grpc.py) share: the datatypes, and the documents
-both answer with, as JSON-ready dicts: model metadata and Triton's model-configuration and statistics extensions.
-The REST routes of those two extensions are here too.
+"""What KServe V2 over REST (rest/kserve.py) and over gRPC (grpc_api/kserve.py) answer alike, as JSON-ready dicts:
+model metadata and Triton's model-configuration and statistics extensions, and how a model's inputs take Triton's
+dims. (The tensors themselves are the codecs': codec/v2_tensors.py.)
 
 The dicts use the field names of Triton's protos (model_config.proto, grpc_service.proto) with int64 values as
-JSON numbers, which is the JSON Triton's HTTP endpoints write; serving/protocols/kserve_grpc.py parses the same
-dicts into the gRPC messages, so REST and gRPC cannot disagree.
+JSON numbers, which is the JSON Triton's HTTP endpoints write; grpc_api/kserve.py parses the same dicts into the
+gRPC messages, so REST and gRPC cannot disagree.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import flask
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, NUMPY_DTYPES, DataPlane, SignatureInfo, TensorInfo, invalid
-from serving.protocols.httputil import parse_version
-from serving.protocols.tensor_proto import element_count
+from serving.core import DEFAULT_SIGNATURE, DataPlane, SignatureInfo, TensorInfo
+from serving.protocols.codec.v2_tensors import DATATYPES
 
 PLATFORM = "tensorflow_savedmodel"
-# TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
-DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
-             "DT_UINT64": "UINT64", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
-             "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
-             "DT_STRING": "BYTES"}
-NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
 # What the server metadata lists: the V2 extensions Petal serves, by Triton's names.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
-
-
-def declared_count(name: str, datatype: str, shape: list[int]) -> int:
-    """The elements a V2 input's datatype and shape declare, checked before anything is allocated (REST and gRPC
-    alike)."""
-    if datatype != "BYTES" and datatype not in NUMPY_TYPES:
-        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
-    return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
 
 
 def served_signature(signatures: dict[str, SignatureInfo]) -> SignatureInfo:
@@ -151,21 +135,3 @@ def model_statistics(core: DataPlane, model: str | None, version: int | None) ->
                              "compute_infer": duration(b.count, b.us), "compute_output": untimed(b.count)}
                             for size, b in sorted(s.batches.items())]})
     return {"model_stats": entries}
-
-
-def create_blueprint(core: DataPlane) -> flask.Blueprint:
-    """Triton's model-configuration and statistics extensions over REST; errors are the app's JSON {"error"}."""
-    bp = flask.Blueprint("triton_extensions", __name__)
-
-    @bp.get("/v2/models/<model>/config")
-    @bp.get("/v2/models/<model>/versions/<version>/config")
-    def config(model: str, version: str | None = None) -> Any:
-        return model_config(core, model, parse_version(version))
-
-    @bp.get("/v2/models/stats")
-    @bp.get("/v2/models/<model>/stats")
-    @bp.get("/v2/models/<model>/versions/<version>/stats")
-    def stats(model: str | None = None, version: str | None = None) -> Any:
-        return model_statistics(core, model, parse_version(version))
-
-    return bp

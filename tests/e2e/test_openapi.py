@@ -1,13 +1,17 @@
 """Schemathesis fuzzes a real `petal serve` (gunicorn, the tiny model) against the OpenAPI contract it serves at
-/openapi.json: positive and negative cases for every operation, checking that no answer is a 5xx and that each
-one's status code, content type, headers and body are the ones the contract documents for that operation.
+/openapi.json, in all four of its phases: examples, coverage and fuzzing (positive and negative cases for every
+operation), then stateful (sequences of calls, each taking values from an earlier answer through the links
+schemathesis infers from the contract: an infer's answer names the model and version of the next). Every answer
+must not be a 5xx, and its status code, content type, headers and body must be the ones the contract documents for
+that operation. The stateful phase found issue 30's 500: a V2 infer whose input's "datatype" is an object.
 
 The contract's examples (a real JPEG in each body, the model "flowers", version 1, label "stable") let cases
 reach a 200: the examples phase sends them as they are, and two hooks give half the fuzzed cases the served names
 and half the fuzzed JSON bodies real tensors, so generated parameters and outputs meet a real prediction. The
 image/* and octet-stream bodies are drawn from real JPEGs, truncated ones and noise, so both the happy path and
 the image decoder's errors are exercised. Bounded (about half a minute on two cores): a fixed seed, derandomized,
-max_examples per operation and phase, no shrinking, no example database, a per-request timeout.
+max_examples per operation and phase, no shrinking, no example database, a per-request timeout; the stateful phase
+a fixed number of scenarios of a few steps each (about half a minute more).
 tests/inprocess/test_http_inprocess.py checks that the served contract and the URL rules agree.
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ import struct
 
 import pytest
 import schemathesis
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -27,9 +32,11 @@ from schemathesis.specs.openapi.checks import (
 
 from server_harness import jpeg, run_server, tiny_model_base
 from serving.config import DEFAULT_METRICS_PATH
-from serving.protocols import openapi
+from serving.protocols.rest import openapi
 
 MAX_EXAMPLES = 30
+STATEFUL_SCENARIOS = 40
+STATEFUL_STEPS = 6
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
 CONFIG = {
@@ -107,3 +114,17 @@ def flatmap_path_parameters(context, path_parameters):
 @contract.parametrize()
 def test_every_operation_keeps_the_contract(case, server):
     case.call_and_validate(base_url=server.rest_url, checks=CHECKS)
+
+
+def test_stateful_call_sequences_keep_the_contract(server):
+    """The stateful phase: schemathesis' state machine over the contract, each scenario a few linked calls."""
+    class Workflow(contract.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case):
+            return {"base_url": server.rest_url}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
+
+    Workflow.run(settings=settings(max_examples=STATEFUL_SCENARIOS, stateful_step_count=STATEFUL_STEPS,
+                                   deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+                                   suppress_health_check=list(HealthCheck)))

@@ -10,7 +10,7 @@ import socket
 
 from server_harness import ROOT, b64, jpeg
 
-STATIC = os.path.join(ROOT, "serving", "protocols", "static")
+STATIC = os.path.join(ROOT, "serving", "protocols", "rest", "static")
 
 
 def test_every_kind_of_response_arrives_whole_on_one_keep_alive_connection(tiny_server):

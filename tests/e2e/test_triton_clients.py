@@ -355,7 +355,7 @@ def test_statistics_of_every_model_and_the_errors(server, pki, http_client):
 
 def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signatures(tmp_path):
     """Triton's form for a model it does not batch: max_batch_size 0, no dynamic_batching, dims the whole shape."""
-    from serving.protocols.app import create_app
+    from serving.protocols.rest.app import create_app
 
     tf2_module(str(tmp_path / "half"))
     with in_process_core(model_base_path=str(tmp_path / "half"), model_name="half", enable_batching=False) as core:

@@ -25,7 +25,7 @@ import pytest
 from werkzeug.serving import make_server
 
 from server_harness import ROOT, Server, run_server
-from serving.protocols import web
+from serving.protocols.rest import web
 from training.synth import CLASSES, render
 
 UPDATE_SCREENSHOT = "PETAL_UPDATE_SCREENSHOT"  # set to 1 to rewrite docs/web-ui.png from this run

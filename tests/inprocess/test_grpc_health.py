@@ -4,7 +4,7 @@ from __future__ import annotations
 from grpc_health.v1 import health_pb2
 
 from server_harness import tiny_model_base
-from serving.protocols.grpc_api import HealthService
+from serving.protocols.grpc_api.health import HealthService
 
 
 class ActiveContext:

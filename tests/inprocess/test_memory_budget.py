@@ -1,5 +1,5 @@
 """A worker's memory budget (serving/core/budget.py): its two shares, how the flags resolve it, and how an HTTP
-request holds it from before its body is read until it is answered (serving/protocols/admission.py), over a real
+request holds it from before its body is read until it is answered (serving/protocols/rest/admission.py), over a real
 DataPlane on the tiny model through Flask's test client. tests/e2e/test_pixel_flood.py floods a real server."""
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
 from serving.metrics import Metrics
-from serving.protocols.app import create_app
-from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.rest.app import create_app
 
 PREDICT = "/v1/models/flowers:predict"
 BUDGET = 8 * MiB

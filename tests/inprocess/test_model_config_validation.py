@@ -17,7 +17,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from server_harness import tiny_model_base
 from serving.config import check_model_config, parse_args, read_model_config
 from serving.core import Code, ServingError
-from serving.protocols.grpc_api import ModelService
+from serving.protocols.grpc_api.tfserving import ModelService
 from serving.worker import _watch_config
 
 BAD_PLATFORM = "model_platform 'pytorch' is not supported"

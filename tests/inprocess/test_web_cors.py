@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from serving.config import ProtocolOptions, parse_args
-from serving.protocols.app import create_app
+from serving.protocols.rest.app import create_app
 
 ALLOWED = "https://dashboard.example"
 REFUSED = "https://evil.example"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serving.config import bind_address
-from serving.protocols.grpc_api import parse_channel_arguments
+from serving.protocols.grpc_api.server import parse_channel_arguments
 
 
 def test_channel_arguments_parse():

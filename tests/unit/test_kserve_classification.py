@@ -1,12 +1,12 @@
-"""Triton's classification extension (serving/protocols/kserve.py `classification`), which V2 REST and gRPC share,
-on the shapes a model's outputs can have. tests/e2e/test_grpc_fuzz.py found the empty batch: a ModelInfer of zero
-images asking for classification of `probabilities` [0, 5] answered INTERNAL (reshape cannot infer a row's width
+"""Triton's classification extension (serving/protocols/codec/v2_tensors.py `classification`), which V2 REST and
+gRPC share, on the shapes a model's outputs can have. tests/e2e/test_grpc_fuzz.py found the empty batch: a ModelInfer
+of zero images asking for classification of `probabilities` [0, 5] answered INTERNAL (reshape cannot infer a row's width
 from no elements)."""
 from __future__ import annotations
 
 import numpy as np
 
-from serving.protocols.kserve import classification
+from serving.protocols.codec.v2_tensors import classification
 
 
 def test_an_empty_batch_classifies_to_no_rows():

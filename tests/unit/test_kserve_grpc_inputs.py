@@ -1,4 +1,4 @@
-"""What one V2 gRPC ModelInferRequest may decode to (serving/protocols/kserve_grpc.py `request_inputs`): at most
+"""What one V2 gRPC ModelInferRequest may decode to (serving/protocols/codec/v2_grpc.py `request_inputs`): at most
 the limit (--grpc_max_message_bytes) in all, counted as TF Serving's Predict counts it, before any input is
 decoded. Without it, a 60 MB message of two-byte BYTES elements took a worker 27 s and 1 GiB."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from serving.core import Code, ServingError
-from serving.protocols.kserve_grpc import request_inputs
-from serving.protocols.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.codec.v2_grpc import request_inputs
 
 
 def bytes_request(count: int, raw: bool) -> service_pb2.ModelInferRequest:

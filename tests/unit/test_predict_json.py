@@ -8,15 +8,13 @@ import pytest
 
 from serving.core import ServingError, TensorInfo
 from serving.core.dataplane import coerce
-from serving.protocols.httputil import dumps
-from serving.protocols.rest import predict_response
+from serving.protocols.codec.tfserving_json import encode_predict, predict_response
 
 
 def test_float32_is_written_shortest_with_nan_and_infinity_as_tf_serving_writes_them():
     outputs = {"y": np.array([0.1, 2.05, np.nan, np.inf, -np.inf, 3.0], np.float32)}
-    assert dumps(predict_response(outputs, row_format=True)) == (
-        '{"predictions":[0.1,2.05,NaN,Infinity,-Infinity,3.0]}')
-    assert dumps(predict_response({"h": np.array([[0.1]], np.float16)}, row_format=False)) == '{"outputs":[[0.1]]}'
+    assert encode_predict(outputs, row_format=True) == b'{"predictions":[0.1,2.05,NaN,Infinity,-Infinity,3.0]}'
+    assert encode_predict({"h": np.array([[0.1]], np.float16)}, row_format=False) == b'{"outputs":[[0.1]]}'
 
 
 def test_finite_float32_of_any_layout_is_each_value_shortest():
@@ -26,8 +24,8 @@ def test_finite_float32_of_any_layout_is_each_value_shortest():
     grid = values.reshape(40, 100).T  # not C-contiguous
     got = predict_response({"y": grid}, row_format=False)["outputs"]
     assert got == [[float(str(v)) for v in row] for row in grid]  # numpy's shortest repr of each float32
-    assert dumps(predict_response({"y": np.array([[0.2, 1 / 3]], np.float32)}, row_format=True)) == (
-        '{"predictions":[[0.2,0.33333334]]}')
+    assert encode_predict({"y": np.array([[0.2, 1 / 3]], np.float32)}, row_format=True) == (
+        b'{"predictions":[[0.2,0.33333334]]}')
 
 
 def test_rows_need_every_output_batched_alike():

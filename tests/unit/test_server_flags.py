@@ -23,7 +23,7 @@ from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
 from serving.metrics import Metrics
 from serving.model_server_flags import UNIMPLEMENTED
-from serving.protocols import unix_socket
+from serving.protocols.grpc_api import unix_socket
 
 # Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
 # value of its type that Petal can honour.
@@ -232,9 +232,9 @@ def test_a_new_server_takes_a_live_socket_over_naming_its_owner_and_removes_only
     old = listening(path)  # another server's, this test process standing in for it
     binding = unix_socket.claim(path, str(mine))
     assert binding.bound == f"{path}.{os.getpid()}" and binding.old_owner.startswith(f"pid {os.getpid()} (")
-    with caplog.at_level(logging.WARNING, logger="serving.protocols.unix_socket"):
+    with caplog.at_level(logging.WARNING, logger=unix_socket.__name__):
         new = bind_and_publish(binding)
-    [warning] = [r for r in caplog.records if r.name == "serving.protocols.unix_socket"]
+    [warning] = [r for r in caplog.records if r.name == unix_socket.__name__]
     assert warning.fields == {"path": path, "old_owner": binding.old_owner}
     assert sorted(os.listdir(tmp_path)) == ["grpc.sock", "mine", "theirs"]  # the bound name was renamed
     with socket.socket(socket.AF_UNIX) as client:  # the path leads to the new socket now

@@ -1,4 +1,4 @@
-"""serving/protocols/tensor_proto.py without a server: every tensor TensorFlow's own client builds decodes as
+"""serving/protocols/codec/tensor_proto.py without a server: every tensor TensorFlow's own client builds decodes as
 tf.make_ndarray decodes it, and every tensor whose declared sizes are lies (30-byte requests that claim gigabytes
 among them) is refused with INVALID_ARGUMENT in microseconds, before anything the size of its claim is allocated."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from serving.core import Code, ServingError
-from serving.protocols.tensor_proto import FILL_LIMIT, KINDS, decode_inputs
+from serving.protocols.codec.tensor_proto import FILL_LIMIT, KINDS, decode_inputs
 
 LIMIT = 64 << 20  # --grpc_max_message_bytes' default
 SERVED = sorted(kind.name for kind in KINDS.values())

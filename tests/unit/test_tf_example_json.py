@@ -9,7 +9,7 @@ import pytest
 from tensorflow.core.example import example_pb2
 from tensorflow_serving.apis import input_pb2
 
-from serving.core import ServingError, SignatureInfo, TensorInfo, input_from_json
+from serving.core import ServingError, SignatureInfo, TensorInfo
 from serving.core.examples import (
     CLASSIFY_METHOD,
     REGRESS_METHOD,
@@ -18,6 +18,7 @@ from serving.core.examples import (
     regressions,
     serialized_examples,
 )
+from serving.protocols.codec.tfserving_json import input_from_json
 
 
 def features(example_proto: example_pb2.Example) -> dict[str, tuple[str, list]]:

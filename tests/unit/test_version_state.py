@@ -3,7 +3,7 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2
 
 from serving.core import VersionState, VersionStatus
-from serving.protocols import httputil, rest
+from serving.protocols.codec import strict_json, tfserving_json
 
 State = get_model_status_pb2.ModelVersionStatus.State
 
@@ -20,6 +20,6 @@ def test_a_state_maps_to_the_proto_value_of_its_name(state):
 
 @pytest.mark.parametrize("state", list(VersionState))
 def test_rest_status_json_names_the_state(state):
-    body = httputil.dumps(rest.status_response([VersionStatus(3, state)]))
+    body = strict_json.encode(tfserving_json.status_response([VersionStatus(3, state)])).decode()
     assert body == (f'{{"model_version_status":[{{"version":"3","state":"{state.name}",'
                     '"status":{"error_code":"OK","error_message":""}}]}')

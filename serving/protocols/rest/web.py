@@ -19,7 +19,7 @@ OPENAPI_URL = "/openapi.json"
 SWAGGER_CONFIG = {"app_name": "Petal API", "layout": "BaseLayout", "deepLinking": True, "validatorUrl": None}
 
 
-# The pages and the API docs (serving/protocols/app.py lets them load without a token).
+# The pages and the API docs (serving/protocols/rest/app.py lets them load without a token).
 BLUEPRINTS = frozenset({"web_ui", "api_docs"})
 
 

@@ -16,7 +16,8 @@ from importlib import metadata, resources
 import flask
 
 from serving.config import DEFAULT_METRICS_PATH
-from serving.protocols.httputil import JSON_MIMETYPE, dumps
+from serving.protocols.codec import strict_json
+from serving.protocols.rest.httputil import JSON_MIMETYPE
 
 CONTRACT_PATH = "/openapi.json"
 
@@ -48,7 +49,7 @@ def contract(metrics_path: str | None) -> dict:
 def create_blueprint(metrics_path: str | None) -> flask.Blueprint:
     """The route serving the contract, rendered once: it cannot change while the server runs."""
     bp = flask.Blueprint("openapi", __name__)
-    body = dumps(contract(metrics_path))
+    body = strict_json.encode(contract(metrics_path))
 
     @bp.get(CONTRACT_PATH)
     def openapi() -> flask.Response:

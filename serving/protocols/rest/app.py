@@ -1,5 +1,5 @@
-"""The HTTP app of one worker: TF Serving's /v1 blueprint, KServe V2's, health probes, metrics, the OpenAPI
-contract (`openapi`) and the web UI, over one DataPlane.
+"""The HTTP app of one worker: TF Serving's /v1 blueprint (`tfserving`), KServe V2's (`kserve`), health probes,
+metrics, the OpenAPI contract (`openapi`) and the web UI (`web`), over one DataPlane.
 
 Errors of every kind become TF Serving's `{"error": ...}` body with the status its table gives; a /v1
 path that no rule matches, or a method a /v1 rule does not take, is TF Serving's 400 "Malformed request".
@@ -17,8 +17,11 @@ from werkzeug.exceptions import HTTPException
 
 from serving.config import ProtocolOptions, SecurityOptions
 from serving.core import Code, DataPlane, ServingError
-from serving.protocols import access_log, admission, auth, kserve, openapi, rest, v2, web
-from serving.protocols.httputil import error_response, json_response
+from serving.protocols import access_log, auth
+from serving.protocols.codec import strict_json
+from serving.protocols.codec.v2_json import HEADER_LENGTH
+from serving.protocols.rest import admission, kserve, openapi, tfserving, web
+from serving.protocols.rest.httputil import error_response, json_response
 
 logger = logging.getLogger(__name__)
 # Routes that orchestrators probe without credentials: liveness and readiness, Petal's and KServe V2's.
@@ -33,8 +36,8 @@ OPEN_BLUEPRINTS = web.BLUEPRINTS | {"openapi"}
 # What a browser page on another origin may send and read: a bearer token and JSON or image bodies (V2's binary
 # extension and gzip included) in, the error body's retry and authentication hints out.
 CORS_PATHS = (r"/v1/.*", r"/v2/.*", r"/petal/.*")
-CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Content-Encoding", kserve.HEADER_LENGTH]
-CORS_RESPONSE_HEADERS = ["WWW-Authenticate", "Retry-After", kserve.HEADER_LENGTH]
+CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Content-Encoding", HEADER_LENGTH]
+CORS_RESPONSE_HEADERS = ["WWW-Authenticate", "Retry-After", HEADER_LENGTH]
 CORS_PREFLIGHT_CACHE_S = 600
 
 
@@ -45,7 +48,7 @@ class NormalizeV1Paths:
         self.app = app
 
     def __call__(self, environ, start_response):
-        environ["PATH_INFO"] = rest.normalize_v1_path(environ.get("PATH_INFO", ""))
+        environ["PATH_INFO"] = tfserving.normalize_v1_path(environ.get("PATH_INFO", ""))
         return self.app(environ, start_response)
 
 
@@ -74,7 +77,7 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     security = security or SecurityOptions()
     app = flask.Flask("petal")
     app.config["MAX_CONTENT_LENGTH"] = protocols.max_request_bytes
-    app.url_map.converters.update(segment=rest.SegmentConverter)
+    app.url_map.converters.update(segment=tfserving.SegmentConverter)
     app.wsgi_app = NormalizeV1Paths(app.wsgi_app)  # type: ignore[method-assign]  # Flask's way to add middleware
 
     authenticator = auth.Authenticator(security.tokens, security.enable_model_control)
@@ -133,7 +136,7 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> flask.Response:
         if error.code in (404, 405) and flask.request.path.startswith("/v1/"):
-            return serving_error(rest.malformed())
+            return serving_error(tfserving.malformed())
         if error.code == 404:
             return error_response(404, f"Not found: {flask.request.method} {flask.request.path}")
         return error_response(error.code or 500, error.description or error.name)
@@ -145,12 +148,12 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
 
     @app.get("/healthz")
     def healthz() -> flask.Response:
-        return json_response({"status": "live"})
+        return json_response(strict_json.encode({"status": "live"}))
 
     @app.get("/readyz")
     def readyz() -> flask.Response:
         if core.ready():
-            return json_response({"status": "ready", "models": core.model_names()})
+            return json_response(strict_json.encode({"status": "ready", "models": core.model_names()}))
         waiting = [m for m in core.model_names() if not core.model_ready(m)]
         reason = "shutting down" if core.draining() else f"models without an AVAILABLE version: {waiting}"
         return error_response(503, f"Not ready: {reason}")
@@ -159,17 +162,17 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     def models() -> flask.Response:
         """The configured models and their version labels: TF Serving has no call that lists either, and the web
         UI's pickers need both."""
-        return json_response({"models": [{"name": name, "version_labels": labels}
-                                         for name, labels in core.version_labels().items()]})
+        return json_response(strict_json.encode({"models": [{"name": name, "version_labels": labels}
+                                                             for name, labels in core.version_labels().items()]}))
 
     if protocols.metrics_path:
         @app.get(protocols.metrics_path)
         def metrics() -> flask.Response:
             return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    app.register_blueprint(rest.create_blueprint(core, protocols))
+    app.register_blueprint(tfserving.create_blueprint(core, protocols))
     app.register_blueprint(kserve.create_blueprint(core, protocols))
-    app.register_blueprint(v2.create_blueprint(core))
+    app.register_blueprint(kserve.create_extensions_blueprint(core))
     app.register_blueprint(openapi.create_blueprint(protocols.metrics_path))
     if not protocols.disable_web_ui:
         app.register_blueprint(web.create_blueprint())

@@ -1,5 +1,5 @@
-"""A client's TensorProtos as numpy arrays, with every size the client declares checked before anything is
-allocated.
+"""TF Serving's TensorProtos (gRPC Predict): a client's as numpy arrays, with every size the client declares checked
+before anything is allocated, and the outputs back as TensorProtos.
 
 `tf.make_ndarray` believes the shape: a 30-byte PredictRequest that declares DT_STRING [1000000000] and sends no
 values, or DT_FLOAT [2147483648, 2147483648], or one string_val for [20000000], makes it allocate and fill the
@@ -15,21 +15,22 @@ integers, and a request is refused with INVALID_ARGUMENT, before any array exist
   also fills from fewer values, and from none, which is how the bombs above allocate without sending anything).
 
 Values go in the one field their dtype uses; a tensor with values in two fields is refused rather than guessed at.
-No row limit is checked here: the model is not resolved yet, and the batcher splits a request of more rows than
-max_batch_size into batches, so the byte limit is what bounds a request's rows.
+No row limit is checked here: the batcher splits a request of more rows than max_batch_size into batches, so the
+byte limit is what bounds a request's rows.
 """
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
-from serving.core import NUMPY_DTYPES, invalid
+from serving.core import NUMPY_DTYPES, SignatureInfo, invalid
 
 # The fields of a TensorProto that say what it is rather than hold its values.
 DESCRIPTION_FIELDS = frozenset({"dtype", "tensor_shape", "version_number"})
@@ -160,3 +161,30 @@ def decode(p: Plan) -> np.ndarray:
         return np.full(p.shape, values[0], dtype=kind.dtype)
     return values.reshape(p.shape)
 
+
+
+def signature_inputs(protos: Mapping[str, Any], limit: int) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
+    """A Predict request's tensors as DataPlane.predict's function of the signature, so they are decoded once the
+    model is found (TF Serving looks the servable up first), within `limit` bytes (`decode_inputs`). A TensorProto
+    carries its dtype, and one that is not the signature's is refused with the text of the Session that TF Serving
+    feeds it to (a float64 numpy array sent for a float input, say), never cast as a JSON number is: position i
+    counts the signature's inputs in name order, as serving/core/loaders.py feeds them."""
+    def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
+        arrays = decode_inputs(protos, limit)  # every dtype it leaves is one Petal serves, a Kind
+        for i, name in enumerate(sorted(info.inputs)):
+            have = KINDS[protos[name].dtype].name if name in protos else info.inputs[name].dtype
+            if have != info.inputs[name].dtype:
+                raise invalid(f"Expects arg[{i}] to be {_dtype_string(info.inputs[name].dtype)} but "
+                              f"{_dtype_string(have)} is provided")
+        return arrays
+    return inputs
+
+
+def _dtype_string(name: str) -> str:
+    """TensorFlow's DataTypeString: DT_FLOAT is "float", DT_INT64 "int64"."""
+    return name.removeprefix("DT_").lower()
+
+
+def encode(array: np.ndarray) -> Any:
+    """An output as the TensorProto TF Serving answers with."""
+    return tf.make_tensor_proto(array)

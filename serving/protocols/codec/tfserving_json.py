@@ -1,0 +1,365 @@
+"""TF Serving's REST JSON (docs/protocols.md): predict in row ("instances") or columnar ("inputs") form, classify
+and regress "examples" with an optional "context", `{"b64": ...}` for bytes, and the answers TF Serving writes.
+
+A body is decoded by msgspec into a typed object (strict_json), then its tensor values are walked once to turn
+each `{"b64": ...}` into bytes, and only when the document holds objects besides the ones the body's layout
+explains (a body of numbers is handed to numpy as msgspec made it). Which input an unnamed tensor is for depends
+on the signature, so a decoded predict body gives its tensors for one (`PredictRequest.tensors`), under the
+DataPlane's hold on the version. Examples become the tf.Examples TF Serving builds from them (its json_tensor.cc:
+integers and booleans are int64_list, other numbers float_list, strings and {"b64"} bytes_list), with its texts.
+Unknown top-level keys are ignored, as TF Serving ignores them.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeGuard
+
+import msgspec
+import numpy as np
+import orjson
+from google.protobuf import json_format
+from msgspec import UNSET, Meta, UnsetType
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow_serving.apis import input_pb2
+
+from serving.core import Result, SignatureInfo, invalid
+from serving.protocols.codec import strict_json
+from serving.protocols.codec.strict_json import Charge
+from serving.protocols.codec.text import b64decode
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64_MAX = (1 << 64) - 1
+_DEBUG_BYTES = 256  # TF Serving cuts a JSON value quoted in an error to this much
+
+
+class _PredictBody(msgspec.Struct):
+    signature_name: str | None | UnsetType = UNSET
+    instances: Annotated[list[Any], Meta(min_length=1)] | UnsetType = UNSET
+    inputs: Any = UNSET
+
+
+class _ExamplesBody(msgspec.Struct):
+    """Only the signature name is typed: the examples keep TF Serving's own texts for what is wrong with them."""
+    signature_name: str | None | UnsetType = UNSET
+    context: Any = UNSET
+    examples: Any = UNSET
+
+
+_PREDICT = msgspec.json.Decoder(_PredictBody)
+_EXAMPLES = msgspec.json.Decoder(_ExamplesBody)
+
+
+# --- {"b64": ...} -------------------------------------------------------------------------------------------------
+
+def _is_b64(value: object) -> TypeGuard[dict]:
+    return isinstance(value, dict) and len(value) == 1 and "b64" in value
+
+
+def _named(value: object) -> TypeGuard[dict]:
+    return isinstance(value, dict) and not _is_b64(value)
+
+
+class _Bytes:
+    """Replaces each {"b64": ...} by its bytes, counting them: each is one key of the document (strict_json.
+    check_keys). Values nest at most strict_json.MAX_JSON_DEPTH deep, so the recursion is bounded."""
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys = 0
+
+    def _decoded(self, value: dict) -> bytes:
+        self.keys += 1
+        return b64decode(value["b64"], "'b64'")
+
+    def tensor(self, value: object) -> object:
+        if isinstance(value, list):
+            return [self.tensor(v) for v in value]
+        if _is_b64(value):
+            return self._decoded(value)
+        if isinstance(value, dict):
+            raise invalid("Objects are only allowed as {\"b64\": ...} inside a tensor value")
+        return value
+
+    def feature(self, value: object) -> object:
+        """A feature's value or values; any other object stays, for example_from_json to refuse as TF Serving
+        does."""
+        if isinstance(value, list):
+            return [self._decoded(v) if _is_b64(v) else v for v in value]
+        return self._decoded(value) if _is_b64(value) else value
+
+    def example(self, value: object) -> object:
+        return {k: self.feature(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+# --- predict ------------------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class PredictRequest:
+    """A decoded predict body: the tensors by input name (`named`), or the one tensor of a body that names none."""
+    signature_name: str
+    row_format: bool
+    named: dict[str, object] | None
+    unnamed: object = None
+
+    def tensors(self, signature: SignatureInfo) -> dict[str, object]:
+        """The tensors by input name of `signature` (unnamed values go to its only input)."""
+        if self.named is not None:
+            return self.named
+        names = list(signature.inputs)
+        if len(names) != 1:
+            raise invalid(f"The signature has {len(names)} inputs {names}; " + (
+                "each instance must be an object keyed by input name" if self.row_format else
+                "\"inputs\" must be an object keyed by input name"))
+        return {names[0]: self.unnamed}
+
+
+def decode_predict(data: bytes, charge: Charge) -> PredictRequest:
+    """A predict body, every {"b64"} decoded; its tensors are checked against a signature by the DataPlane."""
+    body, document = strict_json.decode(data, _PREDICT, charge)
+    if (body.instances is UNSET) == (body.inputs is UNSET):
+        raise invalid("Exactly one of \"instances\" (row format) or \"inputs\" (columnar format) must be present")
+    signature_name = body.signature_name or ""
+    keys = strict_json.present(body)
+    if not isinstance(body.instances, UnsetType):
+        rows = body.instances
+        named_rows = sum(map(_named, rows))
+        keys += sum(len(row) for row in rows if _named(row))
+        # Objects besides the body and its named rows can only be {"b64"} values: without them, nothing to walk.
+        walk = _Bytes() if document.objects > 1 + named_rows else None
+        request = _rows(rows, named_rows, signature_name, walk)
+    else:
+        columns = body.inputs
+        named = _named(columns)
+        keys += len(columns) if named else 0
+        walk = _Bytes() if document.objects > 1 + named else None
+        tensor = walk.tensor if walk else _as_is
+        request = PredictRequest(signature_name, False, {k: tensor(v) for k, v in columns.items()} if named else None,
+                                 None if named else tensor(columns))
+    strict_json.check_keys(document, keys + (walk.keys if walk else 0))
+    return request
+
+
+def _as_is(value: object) -> object:
+    return value
+
+
+def _rows(rows: list[Any], named_rows: int, signature_name: str, walk: _Bytes | None) -> PredictRequest:
+    tensor = walk.tensor if walk else _as_is
+    if named_rows == len(rows):
+        names = set(rows[0])
+        if any(set(row) != names for row in rows):
+            raise invalid("Every instance must have the same input names")
+        return PredictRequest(signature_name, True, {k: tensor([row[k] for row in rows]) for k in rows[0]})
+    if named_rows:
+        raise invalid("Instances must be all objects keyed by input name, or all plain values")
+    return PredictRequest(signature_name, True, None, tensor(rows))
+
+
+def instance_tensors(instance: object, signature: SignatureInfo) -> dict[str, object]:
+    """One element of an "instances" list, already parsed (a batch job's JSON line), as a batch of one row."""
+    named = _named(instance)
+    return _rows([instance], int(named), "", _Bytes()).tensors(signature)
+
+
+# --- classify and regress ----------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class ExamplesRequest:
+    signature_name: str
+    input: input_pb2.Input
+
+
+def decode_examples(data: bytes, charge: Charge) -> ExamplesRequest:
+    """A classify or regress body as the gRPC Input TF Serving builds from it."""
+    body, document = strict_json.decode(data, _EXAMPLES, charge)
+    walk = _Bytes()
+    fields: dict[str, Any] = {name: getattr(body, name) for name in body.__struct_fields__
+                              if getattr(body, name) is not UNSET}
+    keys = len(fields)
+    if "context" in fields:
+        fields["context"] = walk.example(body.context)
+        keys += len(body.context) if isinstance(body.context, dict) else 0
+    if isinstance(body.examples, list):
+        fields["examples"] = [walk.example(e) for e in body.examples]
+        keys += sum(len(e) for e in body.examples if isinstance(e, dict))
+    request_input = input_from_json(fields)
+    strict_json.check_keys(document, keys + walk.keys)
+    return ExamplesRequest(body.signature_name or "", request_input)
+
+
+def example_input(example: object) -> input_pb2.Input:
+    """One element of an "examples" list, already parsed (a batch job's JSON line), as an Input of one example."""
+    return input_from_json({"examples": [_Bytes().example(example)]})
+
+
+def _debug(value: object) -> str:
+    text = json.dumps(value, separators=(",", ":"), default=lambda v: "<bytes>")
+    return text[:_DEBUG_BYTES]
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "Null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    names: dict[type, str] = {dict: "Object", list: "Array", str: "String"}
+    return names.get(type(value), "Number")
+
+
+_KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64", None: "UNKNOWN"}
+
+
+def _add_value(feature: feature_pb2.Feature, name: str, value: object) -> None:
+    """One JSON value into a Feature, as TF Serving's AddValueToFeature: a feature holds one kind only."""
+    item: bytes | int | float
+    if isinstance(value, bytes | str):
+        kind, item = "bytes_list", value if isinstance(value, bytes) else value.encode("utf-8")
+    elif isinstance(value, bool):
+        kind, item = "int64_list", int(value)
+    elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
+        kind, item = "int64_list", value
+    elif isinstance(value, int) and _INT64[1] < value <= _UINT64_MAX:
+        raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+    elif isinstance(value, int | float):
+        kind, item = "float_list", float(value)
+    else:
+        raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
+    have = feature.WhichOneof("kind")
+    if have not in (None, kind):
+        raise invalid(f"Unexpected element type in feature: {name} expecting type: {_KIND_NAMES[have]}")
+    getattr(feature, kind).value.append(item)
+
+
+def example_from_json(value: object) -> example_pb2.Example:
+    """A JSON object as a tf.Example; a feature's value is one value or a list of them. Bytes stand for the
+    {"b64": ...} values already decoded; any other object is an error."""
+    if not isinstance(value, dict):
+        raise invalid(f"Example must be JSON object but got JSON {_json_type(value)}")
+    example = example_pb2.Example()
+    for name, content in value.items():
+        feature = feature_pb2.Feature()
+        for item in content if isinstance(content, list) else [content]:
+            _add_value(feature, name, item)
+        example.features.feature[name].CopyFrom(feature)
+    return example
+
+
+def input_from_json(body: dict) -> input_pb2.Input:
+    """A classify or regress body's "context" and "examples" (their {"b64"} values as bytes) as the gRPC Input TF
+    Serving builds."""
+    request_input = input_pb2.Input()
+    context = "context" in body
+    if context:
+        request_input.example_list_with_context.context.CopyFrom(example_from_json(body["context"]))
+    examples = body.get("examples")
+    if "examples" not in body:
+        raise invalid(f"JSON Value: {_debug(body)} When method is classify, key 'examples' is expected and was "
+                      "not found")
+    if not isinstance(examples, list):
+        raise invalid(f"JSON Value: {_debug(body)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise invalid(f"JSON Value: {_debug(body)} 'examples' value is an empty array")
+    target = request_input.example_list_with_context if context else request_input.example_list
+    target.examples.extend(example_from_json(example) for example in examples)
+    return request_input
+
+
+# --- answers ------------------------------------------------------------------------------------------------------
+
+def _string_leaf(name: str):
+    as_b64 = name.endswith("_bytes")
+
+    def convert(value: bytes) -> object:
+        if not as_b64:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    return convert
+
+
+def float32_json(value: float) -> float:
+    """A float32 as the shortest decimal that reads back as the same float32 (0.2, not 0.20000000298023224), as
+    TF Serving writes it; NaN and the infinities stay, which `encode` writes as NaN and Infinity as it does."""
+    return float(str(np.float32(value)))
+
+
+def to_json(name: str, array: np.ndarray) -> list | object:
+    """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes;
+    float32 and float16 values as their shortest decimals (float32_json), vectorised."""
+    if array.dtype == np.float32 and array.ndim and np.isfinite(array).all():
+        # orjson writes a float32 as its shortest decimal too, about 6x faster than formatting through str; it
+        # would write NaN and the infinities as null, and a 0-d array as a list, so those take the path below
+        return orjson.loads(orjson.dumps(np.ascontiguousarray(array), option=orjson.OPT_SERIALIZE_NUMPY))
+    if array.dtype in (np.float32, np.float16):
+        return array.astype(str).astype(np.float64).tolist()
+    if array.dtype != object:
+        return array.tolist()
+    convert = _string_leaf(name)
+
+    def walk(value):
+        return [walk(v) for v in value] if isinstance(value, list) else convert(value)
+    return walk(array.tolist())
+
+
+def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
+    """TF Serving's JSON answer: columnar "outputs", or "predictions" rows, which need every output batched alike."""
+    columns = {name: to_json(name, array) for name, array in outputs.items()}
+    if not row_format:
+        return {"outputs": next(iter(columns.values())) if len(columns) == 1 else columns}
+    batch = None
+    for name, array in outputs.items():
+        if array.ndim == 0:
+            raise invalid(f"Tensor name: {name} has no shape information ")
+        if batch is not None and array.shape[0] != batch:
+            raise invalid(f"Tensor name: {name} has inconsistent batch size: {array.shape[0]} expecting: {batch}")
+        batch = array.shape[0]
+    if len(columns) == 1:
+        return {"predictions": next(iter(columns.values()))}
+    names = list(columns)
+    return {"predictions": [dict(zip(names, row, strict=False)) for row in zip(*columns.values(), strict=False)]}
+
+
+def encode_predict(outputs: dict[str, np.ndarray], row_format: bool) -> bytes:
+    finite = all(np.isfinite(a).all() for a in outputs.values() if a.dtype.kind == "f")
+    return strict_json.encode(predict_response(outputs, row_format), finite)
+
+
+def results_response(result: Result) -> list:
+    """One Classify or Regress task's "results": [[label, score], ...] per example, or a value per example."""
+    if result.classifications is not None:
+        return [[[label, float32_json(score)] for label, score in row] for row in result.classifications]
+    return [float32_json(v) for v in result.regressions or ()]
+
+
+def encode_results(result: Result) -> bytes:
+    scores = [s for row in result.classifications for _, s in row] if result.classifications is not None \
+        else result.regressions or ()
+    return strict_json.encode({"results": results_response(result)}, all(map(math.isfinite, scores)))
+
+
+def status_response(statuses) -> dict:
+    return {"model_version_status": [
+        {"version": str(s.version), "state": s.state,
+         "status": {"error_code": s.error_code, "error_message": s.error_message}} for s in statuses]}
+
+
+def _tensor_info_json(info) -> dict:
+    shape = {"dim": [], "unknown_rank": True} if info.shape is None else \
+        {"dim": [{"size": str(d), "name": ""} for d in info.shape], "unknown_rank": False}
+    return {"dtype": info.dtype, "tensor_shape": shape, "name": info.name}
+
+
+def metadata_response(name: str, version: int, signatures) -> dict:
+    defs = {key: {"inputs": {k: _tensor_info_json(t) for k, t in sig.inputs.items()},
+                  "outputs": {k: _tensor_info_json(t) for k, t in sig.outputs.items()},
+                  "method_name": sig.method_name,
+                  "defaults": {k: json_format.MessageToDict(v, always_print_fields_with_no_presence=True,
+                                                            preserving_proto_field_name=True)
+                               for k, v in sig.defaults.items()}} for key, sig in signatures.items()}
+    return {"model_spec": {"name": name, "signature_name": "", "version": str(version)},
+            "metadata": {"signature_def": {"signature_def": defs}}}

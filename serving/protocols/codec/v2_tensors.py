@@ -1,0 +1,97 @@
+"""What KServe V2's two wire formats (JSON with Triton's binary extension over REST, Triton's protos over gRPC) share
+about tensors: the datatypes, the declared element count checked before anything is allocated, the binary form
+(little-endian numbers; BYTES as 4-byte little-endian lengths, each followed by its bytes) and Triton's
+classification extension.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+
+from serving.core import NUMPY_DTYPES, Code, ServingError, invalid
+from serving.protocols.codec.tensor_proto import element_count
+
+# TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
+DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
+             "DT_UINT64": "UINT64", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
+             "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
+             "DT_STRING": "BYTES"}
+NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
+
+
+def declared_count(name: str, datatype: str, shape: list[int]) -> int:
+    """The elements a V2 input's datatype and shape declare, checked before anything is allocated."""
+    if datatype != "BYTES" and datatype not in NUMPY_TYPES:
+        raise invalid(f"Input {name!r}: unsupported datatype {datatype!r}")
+    return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
+
+
+def decode_length_prefixed(raw: bytes | memoryview, name: str, count: int) -> list[bytes]:
+    """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes; never more than the
+    `count` the shape declares, so a tail of empty elements cannot become more objects than the request claimed."""
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if len(items) == count:
+            raise invalid(f"Input {name!r}: the binary data holds more than the {count} BYTES elements of its shape")
+        if offset + 4 > len(raw):
+            raise invalid(f"Input {name!r}: truncated BYTES element length")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise invalid(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
+        items.append(bytes(raw[offset:offset + size]))
+        offset += size
+    return items
+
+
+def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
+    """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
+    array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
+    if datatype == "BYTES":
+        return np.array(decode_length_prefixed(raw, name, count), dtype=object)
+    dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
+    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype], copy=False)  # a view on little-endian
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype == object or array.dtype.kind in "SU":
+        return "BYTES"
+    for name, dtype in NUMPY_TYPES.items():
+        if array.dtype == dtype:
+            return name
+    raise ServingError(Code.INTERNAL, f"Output dtype {array.dtype} has no V2 datatype")
+
+
+def binary_data(array: np.ndarray) -> bytes:
+    if datatype_of(array) != "BYTES":
+        return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()  # tobytes writes C order
+    items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+    return b"".join(struct.pack("<I", len(v)) + v for v in items)
+
+
+def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+    """Triton's classification extension: per row (all past the first dimension) the top `count` as
+    "score:index[:label]" strings, [rows, count]; [count] for one row without a batch dimension. The row's width
+    is stated, not left to reshape's -1, which cannot infer it for an empty batch."""
+    rows = scores.reshape(len(scores), math.prod(scores.shape[1:])) if scores.ndim > 1 else scores.reshape(1, -1)
+    out = []
+    for row in rows:
+        top = np.argsort(-row, kind="stable")[:count]
+        out.append([(f"{row[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "")).encode() for i in top])
+    top_count = min(count, rows.shape[1])
+    return np.array(out, dtype=object).reshape((len(rows), top_count) if scores.ndim > 1 else (top_count,))
+
+
+def output(array: np.ndarray, classes: int, labels: list[str], name: str) -> np.ndarray:
+    """An output as answered: with classes > 0, its top classes (Triton's classification extension), which only
+    a numeric output has."""
+    if not classes:
+        return array
+    if datatype_of(array) == "BYTES":
+        raise invalid(f"Output {name!r}: classification needs a positive integer on a numeric output")
+    return classification(array, classes, labels)

@@ -1,0 +1,97 @@
+"""The gRPC server of one worker: TF Serving's services, KServe V2's and grpc.health.v1 as peers behind `Gate`, on
+--port and --grpc_socket_path, with TLS from --ssl_config_file.
+
+Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
+DataPlane (its loaded models and its batcher). The kernel spreads connections over the workers, so gRPC scales
+with the workers exactly like REST does and no process ever holds a second copy of a model. With
+--grpc_socket_path one worker's server also listens on that Unix socket (unix_socket.py), with the same TLS,
+tokens and limits.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
+from serving.core import DataPlane
+from serving.protocols import access_log, auth
+from serving.protocols.grpc_api import kserve, unix_socket
+from serving.protocols.grpc_api.gate import Gate
+from serving.protocols.grpc_api.health import HealthService
+from serving.protocols.grpc_api.tfserving import ModelService, PredictionService
+
+log = logging.getLogger(__name__)
+
+
+def parse_channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """Parse tensorflow_model_server's --grpc_channel_arguments ("k=v,k=v"); integers stay integers."""
+    options: list[tuple[str, int | str]] = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--grpc_channel_arguments: expected key=value, got {item!r}")
+        value = value.strip()
+        options.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
+    return options
+
+
+def receivers(body_limit: int, o: ProtocolOptions) -> int:
+    """How many messages a worker receives at once: as many of the largest as half its budget's body share holds
+    (at least one), so that receiving leaves the other half to the requests being served; without a budget, one a
+    gRPC thread."""
+    return max(1, body_limit // (2 * o.grpc_max_message_bytes)) if body_limit > 0 else o.grpc_max_threads
+
+
+def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
+    """TF Serving's SSLConfig as gRPC credentials: with client_verify, a client without a certificate signed by
+    custom_ca fails the handshake."""
+    return grpc.ssl_server_credentials([(tls.server_key.encode(), tls.server_cert.encode())],
+                                       root_certificates=tls.custom_ca.encode() or None,
+                                       require_client_auth=tls.client_verify)
+
+
+def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
+          runtime_dir: str) -> grpc.Server | None:
+    """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
+    --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
+    decide which); None when it has neither to serve."""
+    addresses = [bind_address(protocols.host, protocols.port)] if protocols.port else []
+    binding = unix_socket.claim(protocols.grpc_socket_path, runtime_dir) if protocols.grpc_socket_path else None
+    if binding is not None:
+        addresses.append(binding.address)
+    if not addresses:
+        return None
+    max_message = protocols.grpc_max_message_bytes
+    options: list[tuple[str, int | str]] = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
+                                            ("grpc.max_receive_message_length", max_message),
+                                            ("grpc.max_send_message_length", max_message)]
+    options += parse_channel_arguments(protocols.grpc_channel_arguments)
+    if protocols.access_log:
+        access_log.enable()
+    gate = Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
+                core.memory.hold, receivers(core.memory.body_limit, protocols),
+                min(max_message, core.memory.body_limit), protocols.request_body_timeout)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
+                         options=options, interceptors=[gate])
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core, max_message), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
+    kserve.add_to_server(core, server, max_message)
+    for address in addresses:
+        try:
+            bound = (server.add_secure_port(address, server_credentials(security.tls)) if security.tls else
+                     server.add_insecure_port(address))
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+        if not bound:
+            raise OSError(f"cannot bind gRPC to {address}")
+    server.start()
+    if binding is not None:
+        binding.publish()
+    log.info("gRPC server started", extra={"fields": {"addresses": addresses, "tls": bool(security.tls),
+                                                      "max_message_bytes": max_message}})
+    return server

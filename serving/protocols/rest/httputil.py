@@ -1,0 +1,80 @@
+"""The HTTP pieces that TF Serving's REST API and KServe V2 share, so both protocols answer alike: JSON bodies and
+error bodies (503s with Retry-After), and request bodies inflated under one size limit. (What the bodies say is
+the codecs' business: serving/protocols/codec/.)
+
+(Named httputil, not http, so that it can never shadow the standard library's http package.)
+"""
+from __future__ import annotations
+
+import zlib
+
+import flask
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from serving.core import invalid
+from serving.memory import BODY_BYTES_FACTOR
+from serving.protocols.codec import strict_json
+from serving.protocols.codec.strict_json import Charge
+
+RETRY_AFTER_SECONDS = "1"
+JSON_MIMETYPE = "application/json"
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_INFLATE_CHUNK = 16 * 1024  # compressed bytes fed per step, so a member's leftover input is never copied whole
+MAX_GZIP_MEMBERS = 10_000  # RFC 1952 allows any number; each costs a decompressor, so a flood of empty ones is a 400
+
+def json_response(body: bytes, status: int = 200) -> flask.Response:
+    """A JSON answer a codec encoded."""
+    return flask.Response(body, status=status, mimetype=JSON_MIMETYPE)
+
+
+def error_response(status: int, message: str) -> flask.Response:
+    """{"error": message}; 429 and 503 say when to retry, so well-behaved clients back off instead of hammering."""
+    response = json_response(strict_json.encode({"error": message}), status)
+    if status in (429, 503):
+        response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+    return response
+
+
+def request_body(max_bytes: int, charge: Charge) -> bytes:
+    """The raw body, inflated for Content-Encoding gzip or deflate (as curl and tritonclient send), never past
+    max_bytes, so a compression bomb gets the same 413 as an oversized body; the inflated bytes are charged to the
+    request's memory budget (`charge`). A gzip body may hold several members (RFC 1952 §2.2, as `cat a.gz b.gz`
+    makes); all are inflated, under the one limit."""
+    data = flask.request.get_data(cache=True)
+    encoding = flask.request.headers.get("Content-Encoding", "").lower()
+    if encoding not in _WBITS or not data:
+        return data
+    inflated = inflate(data, encoding, max_bytes)
+    charge(len(inflated) * BODY_BYTES_FACTOR)
+    return inflated
+
+
+def inflate(data: bytes, encoding: str, max_bytes: int) -> bytes:
+    """`data` inflated: every member of a gzip body, one zlib stream for deflate; 413 past max_bytes, 400 for a
+    corrupt, truncated or trailing-garbage body. Input goes in bounded chunks so that the leftover input a finished
+    member hands back (zlib's unused_data, a copy) stays small however many members follow."""
+    view, out, position, members = memoryview(data), bytearray(), 0, 1
+    inflater = zlib.decompressobj(_WBITS[encoding])
+    while True:
+        chunk = view[position:position + _INFLATE_CHUNK]
+        position += len(chunk)
+        try:
+            out += inflater.decompress(chunk, max_bytes + 1 - len(out))
+        except zlib.error as error:
+            raise invalid(f"Invalid {encoding} body: {error}") from None
+        if len(out) > max_bytes or inflater.unconsumed_tail:
+            raise RequestEntityTooLarge(f"The decompressed body exceeds --max_request_bytes ({max_bytes})")
+        if not inflater.eof:
+            if position >= len(view):
+                raise invalid(f"Invalid {encoding} body: the compressed stream is truncated")
+            continue
+        leftover = len(inflater.unused_data)
+        if not leftover and position >= len(view):
+            return bytes(out)
+        if encoding != "gzip":
+            raise invalid(f"Invalid {encoding} body: data after the end of the compressed stream")
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise invalid(f"Invalid gzip body: more than {MAX_GZIP_MEMBERS} members")
+        position -= leftover
+        inflater = zlib.decompressobj(_WBITS[encoding])

@@ -1,0 +1,146 @@
+"""TF Serving's REST API (docs/protocols.md) plus Petal's `:classify_image`, as a Flask blueprint over the core; the
+bodies are the TF Serving JSON codec's (serving/protocols/codec/tfserving_json.py).
+
+TF Serving matches its paths case-insensitively and puts the verb after a colon (`/v1/models/m:predict`). Flask's
+routing is case-sensitive, so `normalize_v1_path` lower-cases the fixed words of a /v1 path (never the model
+name or label) before routing, and werkzeug's `any` converter matches the known verbs after the colon, so the URL
+map itself lists every operation (the OpenAPI contract test reads it). Any other /v1 path gets TF Serving's 400
+"Malformed request" rather than a generic 404. As in TF Serving, a body is parsed before the model is looked up,
+and its tensors are read for the signature once it is.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import flask
+from werkzeug.routing import BaseConverter
+
+from serving.config import ProtocolOptions
+from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, Task, invalid
+from serving.protocols.codec import strict_json, tfserving_json
+from serving.protocols.codec.text import ascii_int, parse_version
+from serving.protocols.rest.admission import charge_of
+from serving.protocols.rest.httputil import json_response, request_body
+
+logger = logging.getLogger(__name__)
+
+_V1_WORDS = ("models", "versions", "labels", "metadata")
+DEFAULT_TOP_K = 5
+
+
+def normalize_v1_path(path: str) -> str:
+    """TF Serving's case-insensitive /v1 paths in the one spelling the URL rules use.
+
+    In `/v1/models/{name}[/versions/{N}|/labels/{L}][/metadata|:verb]` the fixed words sit at the even segment
+    positions, so those and the verb are lower-cased; the name and label (odd positions) keep their case. A
+    trailing slash is dropped, as TF Serving ignores it.
+    """
+    if path[:4].lower() != "/v1/":
+        return path
+    parts = path.rstrip("/").split("/")
+    for i in range(1, len(parts)):
+        if i == 1 or i % 2 == 0:
+            parts[i] = parts[i].lower()
+    name, colon, verb = parts[-1].partition(":")
+    parts[-1] = name + colon + verb.lower()
+    return "/".join(parts)
+
+
+class SegmentConverter(BaseConverter):
+    """A model name or label: one path segment, without the colon that starts the verb."""
+    regex = "[^/:]+"
+
+
+def _top_k(default: int) -> int:
+    text = flask.request.args.get("top_k")
+    if text is None:
+        return default
+    top_k = ascii_int(text)
+    if top_k is None or top_k < 1:
+        raise invalid(f"top_k must be a positive integer, got {text!r}")
+    return top_k
+
+
+def malformed() -> ServingError:
+    return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
+
+
+def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
+    """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
+    bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
+    timeout = options.rest_api_timeout_in_ms / 1000.0
+    spec_rules = {"latest": "/<segment:name>", "version": "/<segment:name>/versions/<segment:version>",
+                  "label": "/<segment:name>/labels/<segment:label>"}
+
+    def status(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        statuses = core.status(name, parse_version(version), label)
+        return json_response(strict_json.encode(tfserving_json.status_response(statuses)))
+
+    def metadata(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        resolved, signatures = core.signatures(name, parse_version(version), label)
+        return json_response(strict_json.encode(tfserving_json.metadata_response(name, resolved, signatures)))
+
+    def body() -> tuple[bytes, strict_json.Charge]:
+        charge = charge_of(flask.request)
+        return request_body(options.max_request_bytes, charge), charge
+
+    def predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        request = tfserving_json.decode_predict(*body())
+        result = core.predict(name, request.tensors, version, label, request.signature_name, deadline=deadline)
+        return json_response(tfserving_json.encode_predict(result.outputs, request.row_format))
+
+    def infer(method: str, name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        """TF Serving's :classify and :regress: "examples" (and "context") as tf.Examples, answered as "results"."""
+        request = tfserving_json.decode_examples(*body())
+        api = "classify" if method == CLASSIFY_METHOD else "regress"
+        _, results = core.infer(name, [Task(method, request.signature_name)], request.input, version, label, deadline,
+                                api=api)
+        return json_response(tfserving_json.encode_results(results[0]))
+
+    def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        return infer(CLASSIFY_METHOD, name, version, label, deadline)
+
+    def regress(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        return infer(REGRESS_METHOD, name, version, label, deadline)
+
+    def classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+        request = flask.request
+        top_k = _top_k(DEFAULT_TOP_K)
+        if request.mimetype == "multipart/form-data":
+            upload = request.files.get("image")
+            if upload is None:
+                raise invalid("The multipart form has no field named 'image'")
+            data = upload.read()
+        elif request.mimetype.startswith("image/") or request.mimetype == "application/octet-stream":
+            data = request_body(options.max_request_bytes, charge_of(request))
+        else:
+            raise invalid("Send the image as the body (Content-Type: image/*) or as the multipart form field "
+                          f"'image'; got Content-Type {request.mimetype or 'none'!r}")
+        if not data:
+            raise invalid("The image is empty")
+        resolved, results = core.classify_images(name, [data], version, label, top_k=top_k, deadline=deadline)
+        answer = {"model": name, "version": resolved,
+                  "predictions": [{"label": lbl, "score": score} for lbl, score in results[0]]}
+        return json_response(strict_json.encode(answer, all(math.isfinite(score) for _, score in results[0])))
+
+    verbs: dict[str, Callable[[str, int | None, str | None, float], flask.Response]] = {
+        "predict": predict, "classify": classify, "regress": regress, "classify_image": classify_image}
+
+    def run_verb(name: str, verb: str, version: str | None = None, label: str | None = None) -> flask.Response:
+        return verbs[verb](name, parse_version(version), label, time.monotonic() + timeout)
+
+    verb_rule = f":<any({', '.join(verbs)}):verb>"
+    for kind, rule in spec_rules.items():
+        bp.add_url_rule(rule, f"status_{kind}", status, methods=["GET"])
+        bp.add_url_rule(rule + "/metadata", f"metadata_{kind}", metadata, methods=["GET"])
+        bp.add_url_rule(rule + verb_rule, f"verb_{kind}", run_verb, methods=["POST"])
+    bp.add_url_rule("/<path:anything>", "malformed", _raise_malformed, methods=["GET", "POST", "PUT", "DELETE",
+                                                                                   "PATCH"])
+    return bp
+
+
+def _raise_malformed(anything: str) -> flask.Response:
+    raise malformed()
