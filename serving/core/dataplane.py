@@ -22,7 +22,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import DataPlaneOptions, ProcessOptions, check_model_config
 from serving.core import examples, images
-from serving.core.batching import Batcher
+from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
 from serving.core.loaders import LoadOptions
@@ -241,10 +241,10 @@ class DataPlane:
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
         """Validate the inputs of one signature and run them, batched with other requests when they can be."""
         arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched)
-        size = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
-        return self.batcher.run((servable.model, servable.version, key), servable.model,
-                                functools.partial(servable.run, key), arrays, size, deadline, api, pixels,
-                                servable.version, batchable=batched)
+        rows = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
+        return self.batcher.run(BatchRequest(BatchKey(servable.model, servable.version, key),
+                                             functools.partial(servable.run, key), arrays, rows, pixels, deadline,
+                                             api, batched))
 
     def _validate(self, info: SignatureInfo, inputs: Mapping[str, object], static_shapes: bool = True,
                   signature_batches: bool = False) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
