@@ -193,7 +193,10 @@ class Batcher:
         try:
             self._execute(queue, [task], request.deadline)
         finally:
-            self._release_slot()
+            with self._cond:
+                self._running -= 1
+                if self._queued and self._running == self.options.num_batch_threads - 1:
+                    self._cond.notify()  # a batch thread may have left what queued meanwhile for want of a slot
         if task.error is not None:
             raise task.error
         if request.deadline is not None and time.monotonic() > request.deadline:
@@ -305,16 +308,14 @@ class Batcher:
                 self._queued -= 1
                 self._metrics.queue_depth.inc(-task.size, model_name=queue.key.model)
 
-    def _release_slot(self) -> None:
-        """A TF call ended: a batch thread that found every slot taken may take what queued meanwhile."""
-        with self._cond:
-            self._running -= 1
-            if self._queued:
-                self._cond.notify()
-
     def _loop(self) -> None:
+        """Take the next batch while a call slot is free. A thread that ends a call gives its slot back as it looks
+        for the next batch, so only a request that ran on its own thread wakes a batch thread for its slot."""
+        ran = False
         while True:
             with self._cond:
+                if ran:
+                    self._running -= 1
                 while True:
                     if self._closed:
                         return
@@ -326,10 +327,8 @@ class Batcher:
                             break
                         continue
                     self._cond.wait(wait)
-            try:
-                self._execute(queue, tasks)
-            finally:
-                self._release_slot()
+            self._execute(queue, tasks)
+            ran = True
 
     def _pick(self) -> tuple[_Queue | None, float | None]:
         """The ready queue with the oldest head, else how long until the first open batch times out."""
