@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,9 +31,9 @@ logger = logging.getLogger(__name__)
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchKey:
-    """What may share a batch: one signature of one version of one model."""
+class BatchKey(NamedTuple):
+    """What may share a batch: one signature of one version of one model (a tuple: hashed and compared in C, as
+    the batcher's dictionaries do on every request)."""
     model: str
     version: int
     signature: str
@@ -104,6 +105,11 @@ class _NotBatched(Exception):
     """A batch's outputs that do not follow it along dimension 0."""
 
 
+def _total(row_pixels: np.ndarray) -> int:
+    """The pixels of every row (numpy's sum of a one-element array costs ten times reading the element)."""
+    return int(row_pixels[0]) if len(row_pixels) == 1 else int(row_pixels.sum())
+
+
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     """Pad by repeating the last real row: unlike zeros, a copy of a real image always decodes."""
     return np.concatenate([array, np.repeat(array[-1:], rows, axis=0)])
@@ -130,7 +136,8 @@ class Batcher:
         self.enabled = enabled
         self.budget = budget or MemoryBudget(0, 0)
         self._metrics = metrics
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # `with self._lock` enters it without a Python call
         self._queues: dict[BatchKey, _Queue] = {}
         self._unbatched: set[BatchKey] = set()  # keys whose model answered a batch with outputs not batched
         self._queued = 0  # tasks in every queue
@@ -164,7 +171,7 @@ class Batcher:
         inputs, row_pixels = request.inputs, request.row_pixels
         chunks = [_Task(inputs if (start, stop) == (0, request.rows) else
                         {k: v[start:stop] for k, v in inputs.items()},
-                        stop - start, request.api, int(row_pixels[start:stop].sum()), threads.new_waker())
+                        stop - start, request.api, _total(row_pixels[start:stop]), threads.new_waker())
                   for start, stop in bounds]
         self._enqueue(request, chunks)
         try:
@@ -183,17 +190,17 @@ class Batcher:
         (None otherwise: it queues). Its queue wait is 0, as a batch thread free at once would make it."""
         if self.options.batch_timeout_micros:
             return None  # a batch waits for more requests, on a batch thread
-        with self._cond:
+        with self._lock:
             if self._queued or self._running >= self.options.num_batch_threads or self._closed:
                 return None
             queue = self._queue_for(request)
             self._running += 1
-        task = _Task(request.inputs, request.rows, request.api, int(request.row_pixels.sum()), _WAKELESS)
+        task = _Task(request.inputs, request.rows, request.api, _total(request.row_pixels), _WAKELESS)
         self._metrics.queuing_latency.observe(0.0, model_name=request.key.model)
         try:
             self._execute(queue, [task], request.deadline)
         finally:
-            with self._cond:
+            with self._lock:
                 self._running -= 1
                 if self._queued and self._running == self.options.num_batch_threads - 1:
                     self._cond.notify()  # a batch thread may have left what queued meanwhile for want of a slot
@@ -211,7 +218,7 @@ class Batcher:
         deadline = request.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request ran")
-        task = _Task(request.inputs, 1, request.api, int(request.row_pixels.sum()), _WAKELESS)
+        task = _Task(request.inputs, 1, request.api, _total(request.row_pixels), _WAKELESS)
         outputs = threads.run_off_loop(self._call, request.key, request.run, request.inputs, [task], 1, deadline)
         if deadline is not None and time.monotonic() > deadline:
             raise deadline_exceeded("Deadline exceeded while the request was running")
@@ -254,18 +261,18 @@ class Batcher:
         return bounds
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
 
     def forget(self, model: str, version: int) -> None:
         """Drop a retired version's empty queues, so they do not pile up."""
-        with self._cond:
+        with self._lock:
             for key in [k for k, q in self._queues.items() if (k.model, k.version) == (model, version) and not q.tasks]:
                 del self._queues[key]
 
     def _queue_for(self, request: BatchRequest) -> _Queue:
-        """The key's queue (call holding `_cond`)."""
+        """The key's queue (call holding `_lock`)."""
         queue = self._queues.get(request.key)
         if queue is None:
             queue = self._queues[request.key] = _Queue(request.key, request.run)
@@ -275,7 +282,7 @@ class Batcher:
         rows = sum(t.size for t in tasks)
         capacity = self.options.max_enqueued_batches * self.options.max_batch_size
         model = request.key.model
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise unavailable("The server is shutting down")
             queue = self._queue_for(request)
@@ -300,7 +307,7 @@ class Batcher:
     def _withdraw(self, task: _Task) -> None:
         """A request past its deadline leaves the queue at once, so its rows stop counting against the bound and
         are never computed (a task already taken into a batch just finishes unread)."""
-        with self._cond:
+        with self._lock:
             queue = task.queue
             if queue is not None and task in queue.tasks:
                 queue.tasks.remove(task)
@@ -313,7 +320,7 @@ class Batcher:
         for the next batch, so only a request that ran on its own thread wakes a batch thread for its slot."""
         ran = False
         while True:
-            with self._cond:
+            with self._lock:
                 if ran:
                     self._running -= 1
                 while True:
@@ -418,7 +425,7 @@ class Batcher:
         """Each task of a batch whose outputs did not follow it, as one inference of its own; the queue's later
         requests skip the batch threads altogether."""
         key = queue.key
-        with self._cond:
+        with self._lock:
             first = key not in self._unbatched
             self._unbatched.add(key)
         if first:
