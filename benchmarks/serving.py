@@ -10,7 +10,8 @@
 3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict
    ({"instances": [{"b64": JPEG}]}), gRPC Predict (a DT_STRING TensorProto, the way TF Serving's example clients
    send it) and KServe V2 infer with Triton's binary BYTES extension; a second Petal with `--worker_class=gthread`
-   (the older front end), with --ab_args a third Petal with those flags added, and the baseline
+   (the older front end), with --ab_args a third Petal with those flags added, with --before an earlier
+   checkout's Petal over all three protocols (a change on the request path against the previous main), and the baseline
    (benchmarks/naive_flask.py) get the same REST body. Each run is a separate load-generator process on loopback:
    closed loop, one keep-alive connection per client, fixed concurrency, warmup, then a fixed duration, with whole
    requests built before the clock starts. HTTP clients share one selector thread (raw sockets); gRPC clients are a
@@ -21,7 +22,7 @@
    the bound the cores allow: every image needs the model's best-batch CPU plus at least a trivial request's CPU,
    client included, since both share this machine. A ratio to the limit is read against that bound. Each server's
    CPU per image is a column of the table, and at the first concurrency it is also compared with the CPU of one
-   in-process single-image call.
+   in-process single-image call, and its threads' context switches per request are counted.
 Everything runs side by side in one run, in interleaved rounds (each cell is the median round), so the ratios
 hold even though absolute times on a shared machine do not.
 """
@@ -70,9 +71,10 @@ class Requests:
     server_pid: int  # its CPU time (with its worker processes) is sampled over the measured window
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a server's whole process tree (gunicorn's master, its workers, anything they started),
-    from /proc: every live process descended from `pid`, with the CPU of the children each has reaped."""
+def server_usage(pid: int) -> tuple[float, int]:
+    """User + system CPU seconds of a server's whole process tree (gunicorn's master, its workers, anything they
+    started), with the CPU of the children each has reaped, and the context switches of its live threads, from
+    /proc: every live process descended from `pid`."""
     stats: dict[int, list[str]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -85,7 +87,16 @@ def server_cpu_seconds(pid: int) -> float:
         tree |= found
         grown = bool(found)
     ticks = sum(int(f) for p in tree if p in stats for f in stats[p][11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    switches = sum(int(line.split()[1]) for p in tree for task in _list(f"/proc/{p}/task")
+                   for line in _read(f"/proc/{p}/task/{task}/status").splitlines() if "ctxt_switches" in line)
+    return ticks / os.sysconf("SC_CLK_TCK"), switches
+
+
+def _list(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _read(path: str) -> str:
@@ -232,16 +243,18 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
     thread = threading.Thread(target=drive, args=(requests, concurrency, start_at, stop_at, latencies, errors))
     thread.start()
     time.sleep(max(0.0, start_at - time.monotonic()))
-    own, server = time.process_time(), server_cpu_seconds(requests.server_pid)
+    own, (server, switches) = time.process_time(), server_usage(requests.server_pid)
     time.sleep(max(0.0, stop_at - time.monotonic()))
-    own, server = time.process_time() - own, server_cpu_seconds(requests.server_pid) - server
+    after = server_usage(requests.server_pid)
+    own, server, switches = time.process_time() - own, after[0] - server, after[1] - switches
     thread.join()
     flat = np.array([x for per in latencies for x in per]) * 1000
     percentile = (lambda q: float(np.percentile(flat, q))) if flat.size else (lambda q: float("nan"))
     return {"requests": int(flat.size), "errors": int(sum(errors)), "rps": flat.size / duration,
             "p50": percentile(50), "p95": percentile(95), "p99": percentile(99),
             "loadgen_cpu_share": own / duration, "loadgen_cpu_ms": 1000 * own / max(1, flat.size),
-            "server_cpu_share": server / duration, "server_cpu_ms": 1000 * server / max(1, flat.size)}
+            "server_cpu_share": server / duration, "server_cpu_ms": 1000 * server / max(1, flat.size),
+            "server_switches": switches / max(1, flat.size)}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -473,7 +486,10 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
-SHORT = {"rest": "REST", "grpc": "gRPC", "baseline": "baseline", "gthread": "gthread", "ab": "A/B"}
+SHORT = {"rest": "REST", "grpc": "gRPC", "v2": "V2", "baseline": "baseline", "gthread": "gthread", "ab": "A/B",
+         "before_rest": "REST before", "before_grpc": "gRPC before", "before_v2": "V2 before"}
+BEFORE = {"before_rest": "Petal REST, before", "before_grpc": "Petal gRPC, before",
+          "before_v2": "Petal V2 binary, before"}
 
 
 def cell(r: dict) -> str:
@@ -483,7 +499,7 @@ def cell(r: dict) -> str:
 def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[str, dict[int, dict]],
            ceilings: dict[str, dict[int, dict]], levels: list[int], titles: dict[str, str]) -> None:
     """Ratios against the best limit, and the overhead against the fastest single-image call. `titles` names the
-    columns in order: TITLES's, then the --ab_args one if any."""
+    columns in order: TITLES's, then the --ab_args one and the --before ones if any."""
     columns = list(titles)
     mean_kb = sum(map(len, photos)) / len(photos) / 1024
     print(f"\n### {name} photos ({mean_kb:.0f} KB JPEG on average)\n")
@@ -496,7 +512,9 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
                                 single_cpu_ms=min(each.single_cpu_ms for each in limits))
     print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms, "
           f"{limit.single_cpu_ms:.2f} ms CPU\n")
-    ratios = [("grpc", "rest")] + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
+    ratios = ([("grpc", "rest"), ("v2", "rest")]
+              + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
+              + [(col.removeprefix("before_"), col) for col in BEFORE if col in titles])
     print("| concurrency | " + " | ".join(f"{titles[c]} img/s (p50 / p95 / p99 ms)" for c in columns)
           + " | REST / limit | gRPC / limit | V2 / limit | "
           + " | ".join(f"{SHORT[a]} / {SHORT[b]}" for a, b in ratios) + " | "
@@ -515,6 +533,8 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
           f"{limit.single_cpu_ms:.2f} ms: "
           + ", ".join(f"{titles[col]} {results[col][first]['server_cpu_ms'] / max(limit.single_cpu_ms, 1e-9):.2f}x"
                       for col in columns))
+    print(f"server thread switches per request at concurrency {first}: "
+          + ", ".join(f"{titles[col]} {results[col][first]['server_switches']:.1f}" for col in columns))
     for c in ceilings["http"]:
         print(f"at concurrency {c}, CPU per image (server + load generator): "
               + ", ".join(f"{titles[col]} {r['server_cpu_ms']:.2f} + {r['loadgen_cpu_ms']:.2f} ms"
@@ -557,6 +577,8 @@ def main() -> int:
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     parser.add_argument("--ab_args", default="", help="one more REST column: a Petal with these flags added, to "
                         "measure what they change side by side (say --tensorflow_thread_nice=0)")
+    parser.add_argument("--before", default="", help="a checkout of an earlier Petal (say a worktree of the "
+                        "previous main): its REST, gRPC and V2 columns run side by side with this one's")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from serving import launcher
@@ -573,7 +595,8 @@ def main() -> int:
 
     limits = {name: in_process_limits(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
-    titles = dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
+    titles = (dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
+              | (BEFORE if args.before else {}))
     samples = {name: {col: [] for col in titles} for name in sets}
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
@@ -582,10 +605,12 @@ def main() -> int:
         others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:
             others["ab"] = petal("--port=0", *args.ab_args.split())
+        before = args.before and stack.enter_context(launcher.running(
+            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=args.before))
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid
         rest_port, grpc_port = server.rest_port, server.grpc_port
-        for each in (server, *others.values()):
+        for each in (server, *others.values(), *([before] if before else [])):
             wait_for_every_worker(petal_rest_requests(each, next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
@@ -596,7 +621,11 @@ def main() -> int:
                            "grpc": grpc_requests(grpc_port, pid, photos),
                            "v2": v2_binary_requests(rest_port, pid, photos),
                            **{col: petal_rest_requests(other, photos) for col, other in others.items()},
-                           "baseline": rest_requests(baseline_port, baseline_pid, photos)}
+                           "baseline": rest_requests(baseline_port, baseline_pid, photos),
+                           **({"before_rest": petal_rest_requests(before, photos),
+                               "before_grpc": grpc_requests(before.grpc_port, before.proc.pid, photos),
+                               "before_v2": v2_binary_requests(before.rest_port, before.proc.pid, photos)}
+                              if before else {})}
                     for name, photos in sets.items()}
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
             for name in sets:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from gevent import monkey
 from gevent import socket as gsocket
@@ -151,6 +152,20 @@ class DeadlineSocket:
         return data
 
 
+class SettledConfig:
+    """A worker's gunicorn Config, each value read once. gunicorn reads its settings through `Config.__getattr__` and
+    `Setting.get` on every use, 23 times a request; a worker's settings never change once it runs (a reload starts
+    new workers), so each value is kept here on first use and later reads are plain attribute reads."""
+
+    def __init__(self, cfg) -> None:
+        self._cfg = cfg
+
+    def __getattr__(self, name: str):
+        value = getattr(self._cfg, name)
+        setattr(self, name, value)
+        return value
+
+
 class PetalGeventWorker(GeventWorker):
     """Settings come from gunicorn's config; Petal's are set by serving/server.py as `petal_*` attributes
     (`petal_tls`: the TLSOptions and the paths of the certificate and key files, or None)."""
@@ -166,6 +181,12 @@ class PetalGeventWorker(GeventWorker):
         self.sockets: list[gsocket.socket] = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach())
                                               for s in self.sockets]
         threads.serve_on_gevent_loop(self.petal_os_threads)
+        self.start_serving()
+
+    def start_serving(self) -> None:
+        """What `handle` keeps for the connections it serves. Apart from `patch`, which changes the whole process,
+        so that a test can hand `handle` a plain socket."""
+        self.cfg: Any = SettledConfig(self.cfg)
         self._open = 0
         self._clients: set[DeadlineSocket] = set()
         self._tls = tls_context(*self.petal_tls) if self.petal_tls else None

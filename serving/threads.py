@@ -50,6 +50,12 @@ def on_event_loop() -> bool:
     return _loop.get("thread") == threading.get_ident()
 
 
+def may_block() -> bool:
+    """Whether the calling thread may run a TF call itself: any thread but the event loop's, which would leave
+    every other connection of the worker waiting meanwhile."""
+    return not on_event_loop()
+
+
 class _GreenletWaker:
     """Set from any OS thread, waited on by one greenlet: the OS thread never touches the gevent Event itself
     (gevent documents it as single-threaded), it queues `Event.set` on the hub, which wakes the loop."""

@@ -14,7 +14,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,79 +31,83 @@ logger = logging.getLogger(__name__)
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def run_inline(fn: RunFn, inputs: dict[str, np.ndarray], deadline: float | None, metrics: Metrics,
-               model_name: str, api: str, budget: MemoryBudget, pixels: int,
-               version: int = 0) -> dict[str, np.ndarray]:
-    """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
-    past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is. The
-    statistics count it as one inference of batch size 1, as Triton counts a request to a model it does not batch."""
-    if deadline is not None and time.monotonic() >= deadline:
-        raise deadline_exceeded("Deadline exceeded before the request ran")
-    outputs = threads.run_off_loop(_run, fn, inputs, metrics, model_name, (api,), budget, pixels, deadline,
-                                   (version, [0.0], 1, 1))
-    if deadline is not None and time.monotonic() > deadline:
-        raise deadline_exceeded("Deadline exceeded while the request was running")
-    return outputs
+class BatchKey(NamedTuple):
+    """What may share a batch: one signature of one version of one model (a tuple: hashed and compared in C, as
+    the batcher's dictionaries do on every request)."""
+    model: str
+    version: int
+    signature: str
 
 
-def _run(fn: RunFn, inputs: dict[str, np.ndarray], metrics: Metrics, model_name: str, apis: Iterable[str],
-         budget: MemoryBudget, pixels: int, deadline: float | None,
-         execution: tuple[int, list[float], int, int]) -> dict[str, np.ndarray]:
-    """One TF call within the pixel budget, its runtime recorded once for each API among the requests it serves:
-    predict and classify share a batch queue, so the label comes from the requests in the batch, not the queue.
-    `execution` is (version, each request's queue wait in microseconds, rows, padded rows), for the per-version
-    statistics."""
-    if not budget.acquire(pixels, deadline):
-        raise deadline_exceeded("Deadline exceeded while waiting for the decoded-pixel budget "
-                                "(--max_inflight_pixels)")
-    started = time.monotonic()
-    try:
-        return fn(inputs)
-    finally:
-        budget.release(pixels)
-        elapsed_us = (time.monotonic() - started) * 1e6
-        for api in sorted(set(apis)):
-            metrics.runtime_latency.observe(elapsed_us, model_name=model_name, API=api, runtime="TF")
-        version, queued_us, rows, batch_size = execution
-        metrics.record_execution(model_name, version, queued_us, rows, batch_size, elapsed_us)
+@dataclass(slots=True)
+class BatchRequest:
+    """One request's inputs for the batcher: `rows` rows along dimension 0 (one for inputs that do not batch), each
+    with its share of the pixel budget (`row_pixels`, the decoded pixels of that row), answered by `deadline` or
+    DEADLINE_EXCEEDED. `run` calls the key's signature; `api` labels its runtime."""
+    key: BatchKey
+    run: RunFn
+    inputs: dict[str, np.ndarray]
+    rows: int
+    row_pixels: np.ndarray
+    deadline: float | None = None
+    api: str = "predict"
+    batchable: bool = True
+
+
+class _Wakeless:
+    """The waker of a task that its own request's thread runs: nobody waits for it."""
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None) -> bool:
+        return True
+
+
+_WAKELESS = _Wakeless()
 
 
 class _Task:
     __slots__ = ("inputs", "size", "api", "pixels", "enqueued", "queued_us", "done", "outputs", "error", "queue")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str, pixels: int):
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, api: str, pixels: int,
+                 done: threads.Waker):
         self.inputs = inputs
         self.size = size
         self.api = api
         self.pixels = pixels
         self.enqueued = time.monotonic()
         self.queued_us = 0.0
-        self.done = threads.new_waker()
+        self.done = done
         self.outputs: dict[str, np.ndarray] = {}
         self.error: ServingError | None = None
         self.queue: _Queue | None = None
 
 
 class _Queue:
-    __slots__ = ("key", "model_name", "version", "run", "tasks", "rows")
+    __slots__ = ("key", "run", "tasks", "rows")
 
-    def __init__(self, key: Hashable, model_name: str, version: int, run: RunFn):
+    def __init__(self, key: BatchKey, run: RunFn):
         self.key = key
-        self.model_name = model_name
-        self.version = version
         self.run = run
         self.tasks: collections.deque[_Task] = collections.deque()
         self.rows = 0
 
 
-def _bug(error: Exception, queue: _Queue) -> ServingError:
+def _bug(error: Exception, key: BatchKey) -> ServingError:
     """A bug must fail its requests, never hang them; it is logged with its traceback (call it in `except`)."""
-    logger.exception("batch failed", extra={"fields": {"model": queue.model_name}})
+    logger.exception("batch failed", extra={"fields": {"model": key.model}})
     return ServingError(Code.INTERNAL, f"Batch failed: {error}")
 
 
 class _NotBatched(Exception):
     """A batch's outputs that do not follow it along dimension 0."""
+
+
+def _total(row_pixels: np.ndarray) -> int:
+    """The pixels of every row (numpy's sum of a one-element array costs ten times reading the element)."""
+    return int(row_pixels[0]) if len(row_pixels) == 1 else int(row_pixels.sum())
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
@@ -117,7 +123,12 @@ def _pad_to_shape(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class Batcher:
-    """One per worker process; `run` blocks the calling request thread until its rows come back."""
+    """One per worker process; `run` blocks the calling request thread until its rows come back.
+
+    At most `num_batch_threads` TF calls run at once. A request that finds nothing queued and a call slot free
+    (and, with `batch_timeout_micros` 0, nothing to wait for) takes the slot and runs on its own thread, when that
+    thread may block (serving/threads.py): a batch thread would run it at once all the same, and handing it over
+    and back costs two thread switches. Requests that arrive meanwhile queue and batch as before."""
 
     def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True,
                  budget: MemoryBudget | None = None):
@@ -125,9 +136,12 @@ class Batcher:
         self.enabled = enabled
         self.budget = budget or MemoryBudget(0, 0)
         self._metrics = metrics
-        self._cond = threading.Condition()
-        self._queues: dict[Hashable, _Queue] = {}
-        self._unbatched: set[Hashable] = set()  # keys whose model answered a batch with outputs not batched
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # `with self._lock` enters it without a Python call
+        self._queues: dict[BatchKey, _Queue] = {}
+        self._unbatched: set[BatchKey] = set()  # keys whose model answered a batch with outputs not batched
+        self._queued = 0  # tasks in every queue
+        self._running = 0  # TF calls of batches running, on batch threads or on their own request's thread
         self._closed = False
         self._threads = []
         if enabled:
@@ -136,26 +150,30 @@ class Batcher:
                 thread.start()
                 self._threads.append(thread)
 
-    def run(self, key: Hashable, model_name: str, fn: RunFn, inputs: dict[str, np.ndarray], size: int,
-            deadline: float | None = None, api: str = "predict",
-            row_pixels: np.ndarray | None = None, version: int = 0, batchable: bool = True) -> dict[str, np.ndarray]:
-        """Run `fn` on `inputs` (batched along axis 0, `size` rows), merged with other requests for `key`.
+    def run(self, request: BatchRequest) -> dict[str, np.ndarray]:
+        """The outputs for `request`'s rows, merged with other requests for its key.
 
-        `row_pixels` are the decoded pixels of each row: a request is split into chunks that each fit both
-        `max_batch_size` and the pixel budget, so one huge request cannot hold more than the budget either.
-        Inputs that are not `batchable` (the signature fixes dimension 0, or the inputs do not share one), or any
-        inputs with batching off, run alone as one inference, within the same deadline and pixel budget.
+        A request is split into chunks that each fit both `max_batch_size` and the pixel budget, so one huge
+        request cannot hold more than the budget either. Inputs that are not `batchable` (the signature fixes
+        dimension 0, or the inputs do not share one), or any inputs with batching off, run alone as one inference,
+        within the same deadline and pixel budget.
         """
-        row_pixels = np.zeros(size, np.int64) if row_pixels is None else row_pixels
-        if not (self.enabled and batchable) or key in self._unbatched:
-            return run_inline(fn, inputs, deadline, self._metrics, model_name, api, self.budget,
-                              int(row_pixels.sum()), version)  # one inference: the model does not batch
+        if not (self.enabled and request.batchable) or request.key in self._unbatched:
+            return self._run_unbatched(request)  # one inference: the model does not batch
+        deadline = request.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
-        bounds = self._chunk_bounds(row_pixels)
-        chunks = [_Task(inputs if (start, stop) == (0, size) else {k: v[start:stop] for k, v in inputs.items()},
-                        stop - start, api, int(row_pixels[start:stop].sum())) for start, stop in bounds]
-        self._enqueue(key, model_name, version, fn, chunks)
+        bounds = self._chunk_bounds(request.row_pixels)
+        if len(bounds) == 1 and threads.may_block():
+            outputs = self._run_here(request)
+            if outputs is not None:
+                return outputs
+        inputs, row_pixels = request.inputs, request.row_pixels
+        chunks = [_Task(inputs if (start, stop) == (0, request.rows) else
+                        {k: v[start:stop] for k, v in inputs.items()},
+                        stop - start, request.api, _total(row_pixels[start:stop]), threads.new_waker())
+                  for start, stop in bounds]
+        self._enqueue(request, chunks)
         try:
             for task in chunks:
                 self._wait(task, deadline)
@@ -167,49 +185,117 @@ class Batcher:
             return chunks[0].outputs
         return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
 
+    def _run_here(self, request: BatchRequest) -> dict[str, np.ndarray] | None:
+        """Run a request as a batch of its own on the calling thread, if nothing is queued and a call slot is free
+        (None otherwise: it queues). Its queue wait is 0, as a batch thread free at once would make it."""
+        if self.options.batch_timeout_micros:
+            return None  # a batch waits for more requests, on a batch thread
+        with self._lock:
+            if self._queued or self._running >= self.options.num_batch_threads or self._closed:
+                return None
+            queue = self._queue_for(request)
+            self._running += 1
+        task = _Task(request.inputs, request.rows, request.api, _total(request.row_pixels), _WAKELESS)
+        self._metrics.queuing_latency.observe(0.0, model_name=request.key.model)
+        try:
+            self._execute(queue, [task], request.deadline)
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._queued and self._running == self.options.num_batch_threads - 1:
+                    self._cond.notify()  # a batch thread may have left what queued meanwhile for want of a slot
+        if task.error is not None:
+            raise task.error
+        if request.deadline is not None and time.monotonic() > request.deadline:
+            raise deadline_exceeded("Deadline exceeded while the request was running")
+        return task.outputs
+
+    def _run_unbatched(self, request: BatchRequest) -> dict[str, np.ndarray]:
+        """Run without batching, keeping the deadline: a running TF call cannot be interrupted, so a call that ends
+        past the deadline is answered DEADLINE_EXCEEDED, as a request that waited too long in a queue is. The
+        statistics count it as one inference of batch size 1, as Triton counts a request to a model it does not
+        batch."""
+        deadline = request.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            raise deadline_exceeded("Deadline exceeded before the request ran")
+        task = _Task(request.inputs, 1, request.api, _total(request.row_pixels), _WAKELESS)
+        outputs = threads.run_off_loop(self._call, request.key, request.run, request.inputs, [task], 1, deadline)
+        if deadline is not None and time.monotonic() > deadline:
+            raise deadline_exceeded("Deadline exceeded while the request was running")
+        return outputs
+
+    def _call(self, key: BatchKey, run: RunFn, inputs: dict[str, np.ndarray], tasks: list[_Task], padded: int,
+              deadline: float | None) -> dict[str, np.ndarray]:
+        """One TF call for `tasks` within the pixel budget, its runtime recorded once for each API among them:
+        predict and classify share a batch queue, so the label comes from the requests in the batch, not the
+        queue. `padded` is the rows called, padding included."""
+        pixels = sum(t.pixels for t in tasks)
+        if not self.budget.acquire(pixels, deadline):
+            raise deadline_exceeded("Deadline exceeded while waiting for the decoded-pixel budget "
+                                    "(--max_inflight_pixels)")
+        started = time.monotonic()
+        try:
+            return run(inputs)
+        finally:
+            self.budget.release(pixels)
+            elapsed_us = (time.monotonic() - started) * 1e6
+            for api in sorted({t.api for t in tasks}):
+                self._metrics.runtime_latency.observe(elapsed_us, model_name=key.model, API=api, runtime="TF")
+            self._metrics.record_execution(key.model, key.version, [t.queued_us for t in tasks],
+                                           sum(t.size for t in tasks), padded, elapsed_us)
+
     def _chunk_bounds(self, row_pixels: np.ndarray) -> list[tuple[int, int]]:
         """Consecutive row ranges of at most max_batch_size rows and at most the pixel budget (or one row)."""
-        bounds, start, held = [], 0, 0
+        rows = len(row_pixels)
         budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
+        if rows <= self.options.max_batch_size and (budget is None or rows == 1):
+            return [(0, rows)]  # a request that fits one batch whatever it decodes: no need to look at each row
+        bounds, start, held = [], 0, 0
         for row, pixels in enumerate(row_pixels.tolist()):
             full = row - start == self.options.max_batch_size or (budget is not None and held + pixels > budget)
             if row > start and full:
                 bounds.append((start, row))
                 start, held = row, 0
             held += pixels
-        bounds.append((start, len(row_pixels)))
+        bounds.append((start, rows))
         return bounds
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
 
     def forget(self, model: str, version: int) -> None:
-        """Drop a retired version's empty queues (keys are (model, version, signature)), so they do not pile up."""
-        with self._cond:
-            for key in [k for k, q in self._queues.items()
-                        if isinstance(k, tuple) and k[:2] == (model, version) and not q.tasks]:
+        """Drop a retired version's empty queues, so they do not pile up."""
+        with self._lock:
+            for key in [k for k, q in self._queues.items() if (k.model, k.version) == (model, version) and not q.tasks]:
                 del self._queues[key]
 
-    def _enqueue(self, key: Hashable, model_name: str, version: int, fn: RunFn, tasks: list[_Task]) -> None:
+    def _queue_for(self, request: BatchRequest) -> _Queue:
+        """The key's queue (call holding `_lock`)."""
+        queue = self._queues.get(request.key)
+        if queue is None:
+            queue = self._queues[request.key] = _Queue(request.key, request.run)
+        return queue
+
+    def _enqueue(self, request: BatchRequest, tasks: list[_Task]) -> None:
         rows = sum(t.size for t in tasks)
         capacity = self.options.max_enqueued_batches * self.options.max_batch_size
-        with self._cond:
+        model = request.key.model
+        with self._lock:
             if self._closed:
                 raise unavailable("The server is shutting down")
-            queue = self._queues.get(key)
-            if queue is None:
-                queue = self._queues[key] = _Queue(key, model_name, version, fn)
+            queue = self._queue_for(request)
             if queue.rows + rows > max(capacity, rows if not queue.tasks else 0):
-                self._metrics.rejected.inc(model_name=model_name, reason="queue_full")
+                self._metrics.rejected.inc(model_name=model, reason="queue_full")
                 raise unavailable("The batch scheduling queue to which this task was submitted "
-                                   "is full")
+                                  "is full")
             for task in tasks:
                 task.queue = queue
             queue.tasks.extend(tasks)
             queue.rows += rows
-            self._metrics.queue_depth.inc(rows, model_name=model_name)
+            self._queued += len(tasks)
+            self._metrics.queue_depth.inc(rows, model_name=model)
             self._cond.notify()
 
     def _wait(self, task: _Task, deadline: float | None) -> None:
@@ -221,27 +307,35 @@ class Batcher:
     def _withdraw(self, task: _Task) -> None:
         """A request past its deadline leaves the queue at once, so its rows stop counting against the bound and
         are never computed (a task already taken into a batch just finishes unread)."""
-        with self._cond:
+        with self._lock:
             queue = task.queue
             if queue is not None and task in queue.tasks:
                 queue.tasks.remove(task)
                 queue.rows -= task.size
-                self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
+                self._queued -= 1
+                self._metrics.queue_depth.inc(-task.size, model_name=queue.key.model)
 
     def _loop(self) -> None:
+        """Take the next batch while a call slot is free. A thread that ends a call gives its slot back as it looks
+        for the next batch, so only a request that ran on its own thread wakes a batch thread for its slot."""
+        ran = False
         while True:
-            with self._cond:
+            with self._lock:
+                if ran:
+                    self._running -= 1
                 while True:
                     if self._closed:
                         return
-                    queue, wait = self._pick()
+                    queue, wait = self._pick() if self._running < self.options.num_batch_threads else (None, None)
                     if queue is not None:
                         tasks = self._take(queue)
                         if tasks:
+                            self._running += 1
                             break
                         continue
                     self._cond.wait(wait)
             self._execute(queue, tasks)
+            ran = True
 
     def _pick(self) -> tuple[_Queue | None, float | None]:
         """The ready queue with the oldest head, else how long until the first open batch times out."""
@@ -265,21 +359,26 @@ class Batcher:
         tasks: list[_Task] = []
         rows, pixels, now = 0, 0, time.monotonic()
         budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
+        model = queue.key.model
         while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size and (
                 not tasks or budget is None or pixels + queue.tasks[0].pixels <= budget):
             task = queue.tasks.popleft()
             pixels += task.pixels
             queue.rows -= task.size
-            self._metrics.queue_depth.inc(-task.size, model_name=queue.model_name)
+            self._queued -= 1
+            self._metrics.queue_depth.inc(-task.size, model_name=model)
             task.queued_us = (now - task.enqueued) * 1e6
-            self._metrics.queuing_latency.observe(task.queued_us, model_name=queue.model_name)
+            self._metrics.queuing_latency.observe(task.queued_us, model_name=model)
             tasks.append(task)
             rows += task.size
         return tasks
 
-    def _execute(self, queue: _Queue, tasks: list[_Task]) -> None:
+    def _execute(self, queue: _Queue, tasks: list[_Task], deadline: float | None = None) -> None:
+        """Run `tasks` as one batch and hand each its rows or its error. `deadline` bounds the wait for the pixel
+        budget of a request that runs on its own thread; a batch thread waits for as long as it takes, since its
+        requests' own waits end at their deadlines."""
         try:
-            outputs = self._run_batch(queue, tasks)
+            outputs = self._run_batch(queue, tasks, deadline)
         except _NotBatched as error:
             self._run_alone(queue, tasks, str(error))
             return
@@ -293,7 +392,7 @@ class Batcher:
                 task.done.set()
             return
         except Exception as error:
-            failure = _bug(error, queue)
+            failure = _bug(error, queue.key)
             for task in tasks:
                 task.error = failure
                 task.done.set()
@@ -304,7 +403,7 @@ class Batcher:
             offset += task.size
             task.done.set()
 
-    def _run_batch(self, queue: _Queue, tasks: list[_Task]) -> dict[str, np.ndarray]:
+    def _run_batch(self, queue: _Queue, tasks: list[_Task], deadline: float | None) -> dict[str, np.ndarray]:
         rows = sum(t.size for t in tasks)
         padded = self.options.padded_size(rows)
         if len(tasks) == 1 and padded == rows:
@@ -313,11 +412,10 @@ class Batcher:
             inputs = {name: self._merge([t.inputs[name] for t in tasks]) for name in tasks[0].inputs}
             if padded > rows:
                 inputs = {k: _pad_rows(v, padded - rows) for k, v in inputs.items()}
-        self._metrics.processed_batch_size.observe(padded, model_name=queue.model_name)
-        self._metrics.padding_size.observe(padded - rows, model_name=queue.model_name,
-                                           execution_batch_size=str(padded))
-        outputs = _run(queue.run, inputs, self._metrics, queue.model_name, [t.api for t in tasks], self.budget,
-                       sum(t.pixels for t in tasks), None, (queue.version, [t.queued_us for t in tasks], rows, padded))
+        model = queue.key.model
+        self._metrics.processed_batch_size.observe(padded, model_name=model)
+        self._metrics.padding_size.observe(padded - rows, model_name=model, execution_batch_size=str(padded))
+        outputs = self._call(queue.key, queue.run, inputs, tasks, padded, deadline)
         for name, value in outputs.items():
             if value.ndim == 0 or value.shape[0] != padded:
                 raise _NotBatched(f"output {name} has shape {list(value.shape)} for a batch of {padded}")
@@ -326,20 +424,20 @@ class Batcher:
     def _run_alone(self, queue: _Queue, tasks: list[_Task], reason: str) -> None:
         """Each task of a batch whose outputs did not follow it, as one inference of its own; the queue's later
         requests skip the batch threads altogether."""
-        with self._cond:
-            first = queue.key not in self._unbatched
-            self._unbatched.add(queue.key)
+        key = queue.key
+        with self._lock:
+            first = key not in self._unbatched
+            self._unbatched.add(key)
         if first:
             logger.warning("outputs not batched along dimension 0: the signature runs unbatched from now on",
-                           extra={"fields": {"model": queue.model_name, "version": queue.version, "reason": reason}})
+                           extra={"fields": {"model": key.model, "version": key.version, "reason": reason}})
         for task in tasks:
             try:
-                task.outputs = _run(queue.run, task.inputs, self._metrics, queue.model_name, [task.api], self.budget,
-                                    task.pixels, None, (queue.version, [task.queued_us], 1, 1))
+                task.outputs = self._call(key, queue.run, task.inputs, [task], 1, None)
             except ServingError as error:
                 task.error = error
             except Exception as error:
-                task.error = _bug(error, queue)
+                task.error = _bug(error, key)
             task.done.set()
 
     def _merge(self, arrays: list[np.ndarray]) -> np.ndarray:

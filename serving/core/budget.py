@@ -46,7 +46,9 @@ class MemoryBudget:
         self._set_limits(limit, pixel_limit)
         self._bodies = 0
         self._pixels = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # `with self._lock` enters it without a Python call
+        self._waiting = 0  # TF calls waiting for pixels
         # what is held, exported as it changes: each kind's series resolved once, and only the changed one written
         self._held = (metrics.memory_held.series(kind="bodies"), metrics.memory_held.series(kind="pixels")) \
             if metrics is not None else None
@@ -63,7 +65,7 @@ class MemoryBudget:
 
     def settle(self, limit: int, pixel_limit: int) -> None:
         """The limits measured once the worker has loaded; bodies are admitted from now on."""
-        with self._cond:
+        with self._lock:
             self._pending = False
             self._set_limits(limit, pixel_limit)
             self._cond.notify_all()  # a TF call waiting for pixels may fit the new share
@@ -71,7 +73,7 @@ class MemoryBudget:
     @property
     def held(self) -> int:
         """Bytes held now, bodies and pixels together."""
-        with self._cond:
+        with self._lock:
             return self._bodies + self._pixels * BYTES_PER_PIXEL
 
     # --- request bodies: admitted or refused at once ----------------------------------------------------------
@@ -94,7 +96,7 @@ class MemoryBudget:
                                f"The request needs about {total} bytes of memory, more than this worker's memory "
                                f"budget keeps for requests ({self.body_limit} of --memory_budget_bytes "
                                f"{self.limit}); send it in smaller requests")
-        with self._cond:
+        with self._lock:
             if self._bodies + nbytes > self.body_limit:
                 raise unavailable("This worker's memory budget (--memory_budget_bytes) is taken by the requests "
                                   "in flight; retry shortly")
@@ -104,7 +106,7 @@ class MemoryBudget:
     def _give_body(self, nbytes: int) -> None:
         if self.limit <= 0 or nbytes <= 0:
             return
-        with self._cond:
+        with self._lock:
             self._bodies -= nbytes
             self._export_bodies()
 
@@ -114,10 +116,15 @@ class MemoryBudget:
         """Take `pixels` for one TF call, waiting until they fit; False if the deadline passes first."""
         if self.pixel_limit <= 0 or pixels <= 0:
             return True
-        with self._cond:
+        with self._lock:
             fits = lambda: self._pixels == 0 or self._pixels + pixels <= self.pixel_limit  # noqa: E731
-            if not self._cond.wait_for(fits, threads.timeout_until(deadline)):
-                return False
+            if not fits():
+                self._waiting += 1
+                try:
+                    if not self._cond.wait_for(fits, threads.timeout_until(deadline)):
+                        return False
+                finally:
+                    self._waiting -= 1
             self._pixels += pixels
             self._export_pixels()
             return True
@@ -125,10 +132,11 @@ class MemoryBudget:
     def release(self, pixels: int) -> None:
         if self.pixel_limit <= 0 or pixels <= 0:
             return
-        with self._cond:
+        with self._lock:
             self._pixels -= pixels
             self._export_pixels()
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     # Called under the lock, so the gauge never shows a state that was not.
     def _export_bodies(self) -> None:

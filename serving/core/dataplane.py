@@ -6,13 +6,12 @@ requests from every protocol batch together on one model copy.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +21,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
 from serving.config import DataPlaneOptions, ProcessOptions, check_model_config
 from serving.core import examples, images
-from serving.core.batching import Batcher
+from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
 from serving.core.loaders import LoadOptions
@@ -124,6 +123,30 @@ def _to_bytes(value) -> bytes:
     raise TypeError(f"expected strings, got {type(value).__name__}")
 
 
+class _Observed:
+    """TF Serving's request count and latency for one request, whatever its API, and Triton's per-version statistics
+    for the version that took it (`version`, set once known). A class rather than a generator: it is entered on every
+    request."""
+    __slots__ = ("metrics", "model", "api", "entrypoint", "started", "version")
+
+    def __init__(self, metrics: Metrics, model: str, api: str, entrypoint: str) -> None:
+        self.metrics, self.model, self.api, self.entrypoint = metrics, model, api, entrypoint
+        self.started = time.monotonic()
+        self.version: int | None = None
+
+    def __enter__(self) -> _Observed:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        elapsed_us = (time.monotonic() - self.started) * 1e6
+        status = error.code.name if isinstance(error, ServingError) else "OK"
+        metrics, model = self.metrics, self.model
+        metrics.request_count.inc(model_name=model, status=status)
+        metrics.request_latency.observe(elapsed_us, model_name=model, API=self.api, entrypoint=self.entrypoint)
+        if self.version is not None:
+            metrics.record_request(model, self.version, status == "OK", elapsed_us)
+
+
 @dataclass
 class DataPlane:
     """Everything one worker process serves. Methods raise ServingError and are safe to call from any thread."""
@@ -154,9 +177,9 @@ class DataPlane:
         unnamed instances): it runs under the same hold on the servable as the inference, so a hot reload in
         between cannot unload the version the inputs were resolved against.
         """
-        with self._observed(model, api, entrypoint) as served, \
+        with _Observed(self.metrics, model, api, entrypoint) as observed, \
                 self.repository.serving(model, version, label) as servable:
-            served.append(servable.version)
+            observed.version = servable.version
             if entrypoint == "GRPC" and (signature_name or DEFAULT_SIGNATURE) not in servable.signatures:
                 raise ServingError(Code.FAILED_PRECONDITION,  # TF Serving's gRPC text; REST's is the servable's
                                    f'Serving signature key "{signature_name or DEFAULT_SIGNATURE}" not found.')
@@ -177,9 +200,9 @@ class DataPlane:
         A classify task on an image signature (input `image_bytes`, output `probabilities`) reads each example's
         image instead and answers every class, best first, as `classify_images` does.
         """
-        with self._observed(model, api, entrypoint) as served, \
+        with _Observed(self.metrics, model, api, entrypoint) as observed, \
                 self.repository.serving(model, version, label) as servable:
-            served.append(servable.version)
+            observed.version = servable.version
             examples.check_tasks(tasks)
             infos = {}
             for task in tasks:
@@ -218,33 +241,14 @@ class DataPlane:
                               api="classify")
         return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.labels, top_k)
 
-    @contextlib.contextmanager
-    def _observed(self, model: str, api: str, entrypoint: str) -> Iterator[list[int]]:
-        """TF Serving's request count and latency for one request, whatever its API, and Triton's per-version
-        statistics for the version that took it (the caller appends it to the list this yields)."""
-        started = time.monotonic()
-        status = "OK"
-        served: list[int] = []
-        try:
-            yield served
-        except ServingError as error:
-            status = error.code.name
-            raise
-        finally:
-            elapsed_us = (time.monotonic() - started) * 1e6
-            self.metrics.request_count.inc(model_name=model, status=status)
-            self.metrics.request_latency.observe(elapsed_us, model_name=model, API=api, entrypoint=entrypoint)
-            if served:
-                self.metrics.record_request(model, served[0], status == "OK", elapsed_us)
-
     def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: Mapping[str, object],
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
         """Validate the inputs of one signature and run them, batched with other requests when they can be."""
         arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched)
-        size = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
-        return self.batcher.run((servable.model, servable.version, key), servable.model,
-                                functools.partial(servable.run, key), arrays, size, deadline, api, pixels,
-                                servable.version, batchable=batched)
+        rows = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
+        return self.batcher.run(BatchRequest(BatchKey(servable.model, servable.version, key),
+                                             functools.partial(servable.run, key), arrays, rows, pixels, deadline,
+                                             api, batched))
 
     def _validate(self, info: SignatureInfo, inputs: Mapping[str, object], static_shapes: bool = True,
                   signature_batches: bool = False) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
@@ -267,6 +271,8 @@ class DataPlane:
             {a.shape[0] for a in arrays.values()}) == 1
         if not batched:
             return arrays, False, np.array([sum(int(p.sum()) for p in pixels)])
+        if len(pixels) == 1 and pixels[0].ndim == 1:
+            return arrays, True, pixels[0]  # one string per row (an image classifier's): already each row's pixels
         rows = next(iter(arrays.values())).shape[0]
         per_row = (p.reshape(rows, math.prod(p.shape[1:])).sum(axis=1) for p in pixels)  # rows may be 0
         return arrays, True, sum(per_row, np.zeros(rows, np.int64))

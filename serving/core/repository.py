@@ -19,8 +19,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -80,6 +79,33 @@ class _Version(Generic[S]):
 class _Model(Generic[S]):
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, _Version[S]] = field(default_factory=dict)
+
+
+class _Serving(Generic[S]):
+    """`Repository.serving`'s hold on one version (a class rather than a generator: it is entered on every request,
+    and a generator-based context manager costs six Python calls to this one's two)."""
+    __slots__ = ("_repository", "_request", "_entry")
+
+    def __init__(self, repository: Repository[S], name: str, version: int | None, label: str | None) -> None:
+        self._repository = repository
+        self._request = (name, version, label)
+        self._entry: _Version[S] | None = None
+
+    def __enter__(self) -> S:
+        repository, (name, version, label) = self._repository, self._request
+        version = repository.resolve_version(name, version, label)
+        with repository._lock:
+            self._entry, servable = repository._find(name, version)
+            self._entry.refs += 1
+        return servable
+
+    def __exit__(self, *exc_info: object) -> None:
+        entry = self._entry
+        if entry is not None:
+            with self._repository._lock:
+                entry.refs -= 1
+                if entry.refs == 0:
+                    self._repository._lock.notify_all()  # an unload may be waiting for the last request
 
 
 class Repository(Generic[S]):
@@ -301,20 +327,11 @@ class Repository(Generic[S]):
                 raise not_found(f"Could not find any versions of model {name}")
             return [model.versions[v].status for v in sorted(model.versions, reverse=True)]
 
-    @contextmanager
-    def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[S]:
-        """The servable a request runs on, held so an unload waits for the request to finish."""
-        version = self.resolve_version(name, version, label)
-        with self._lock:
-            entry, servable = self._find(name, version)
-            entry.refs += 1
-        try:
-            yield servable
-        finally:
-            with self._lock:
-                entry.refs -= 1
-                if entry.refs == 0:
-                    self._lock.notify_all()
+    def serving(self, name: str, version: int | None = None, label: str | None = None) -> _Serving[S]:
+        """The servable a request runs on, held by a `with` block so that an unload waits for the request to
+        finish."""
+        return _Serving(self, name, version, label)
+
 
     def _find(self, name: str, version: int | None) -> tuple[_Version[S], S]:
         model = self._models.get(name)

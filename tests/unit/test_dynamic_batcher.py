@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+from serving import threads
 from serving.config import BatchingOptions
-from serving.core.batching import Batcher
+from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import ServingError
 from serving.metrics import Metrics
@@ -33,12 +34,18 @@ class Recorder:
         return {"y": x * 2, "tag": np.array([f"r{int(v)}".encode() for v in x[:, 0]], dtype=object)}
 
 
+def request(fn, x, model="m", deadline=None, api="predict", row_pixels=None):
+    """A request of the rows of `x` (input "x") for signature "s" of version 1 of `model`."""
+    return BatchRequest(BatchKey(model, 1, "s"), fn, {"x": x}, len(x),
+                        np.zeros(len(x), np.int64) if row_pixels is None else row_pixels, deadline, api)
+
+
 def run_concurrently(batcher, fn, values, key="m", deadline=None):
     results, errors = {}, {}
 
     def one(v):
         try:
-            results[v] = batcher.run((key, 1, "s"), key, fn, {"x": np.array([[v]], np.float32)}, 1, deadline)
+            results[v] = batcher.run(request(fn, np.array([[v]], np.float32), key, deadline))
         except ServingError as error:
             errors[v] = error
     threads = [threading.Thread(target=one, args=(v,)) for v in values]
@@ -66,7 +73,7 @@ def test_concurrent_requests_merge_and_each_gets_its_own_rows():
 def test_pads_to_allowed_batch_sizes_and_never_returns_padding():
     batcher = Batcher(BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1), Metrics())
     fn = Recorder()
-    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[1.0], [2.0], [3.0]], np.float32)}, 3)
+    out = batcher.run(request(fn, np.array([[1.0], [2.0], [3.0]], np.float32)))
     assert [b.shape[0] for b in fn.batches] == [4]
     assert fn.batches[0][3, 0] == 3.0, "padding repeats the last real row"
     assert out["y"].tolist() == [[2.0], [4.0], [6.0]]
@@ -88,7 +95,7 @@ def test_batches_never_mix_models_or_versions():
 
     def one(key, v):
         barrier.wait()
-        batcher.run((key, 1, "s"), key, fns[key], {"x": np.array([[v]], np.float32)}, 1)
+        batcher.run(request(fns[key], np.array([[v]], np.float32), key))
     threads = [threading.Thread(target=one, args=("a" if i % 2 else "b", float(i % 2))) for i in range(12)]
     for t in threads:
         t.start()
@@ -119,7 +126,7 @@ def test_full_queue_rejects_with_unavailable_then_recovers():
     # At least the first request runs; how many more fit depends on when the batch thread picks it up.
     assert results and len(results) + len(errors) == 6
     assert metrics.rejected.value(model_name="m", reason="queue_full") == len(errors)
-    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[7.0]], np.float32)}, 1)
+    out = batcher.run(request(fn, np.array([[7.0]], np.float32)))
     assert out["y"].tolist() == [[14.0]]
     batcher.close()
 
@@ -130,7 +137,7 @@ def test_deadline_exceeded_while_waiting():
     fn = Recorder()
     started = time.monotonic()
     with pytest.raises(ServingError) as info:
-        batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[1.0]], np.float32)}, 1, time.monotonic() + 0.1)
+        batcher.run(request(fn, np.array([[1.0]], np.float32), deadline=time.monotonic() + 0.1))
     assert info.value.code == "DEADLINE_EXCEEDED" and time.monotonic() - started < 0.9
     time.sleep(1.0)
     assert fn.batches == [], "a timed-out request is dropped, not run"
@@ -142,14 +149,13 @@ def test_a_timed_out_request_frees_its_queue_slot_at_once():
     batcher = Batcher(BatchingOptions(max_batch_size=1, max_enqueued_batches=1, num_batch_threads=1,
                                       batch_timeout_micros=0), Metrics())
     fn = Recorder(delay=0.6)
-    running = threading.Thread(target=batcher.run,
-                               args=(("m", 1, "s"), "m", fn, {"x": np.array([[1.0]], np.float32)}, 1))
+    running = threading.Thread(target=batcher.run, args=(request(fn, np.array([[1.0]], np.float32)),))
     running.start()
     time.sleep(0.2)  # the only batch thread is busy with row 1 for 0.6 s
     with pytest.raises(ServingError) as info:
-        batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[2.0]], np.float32)}, 1, time.monotonic() + 0.1)
+        batcher.run(request(fn, np.array([[2.0]], np.float32), deadline=time.monotonic() + 0.1))
     assert info.value.code == "DEADLINE_EXCEEDED"
-    out = batcher.run(("m", 1, "s"), "m", fn, {"x": np.array([[3.0]], np.float32)}, 1, time.monotonic() + 5)
+    out = batcher.run(request(fn, np.array([[3.0]], np.float32), deadline=time.monotonic() + 5))
     assert out["y"].tolist() == [[6.0]]
     running.join()
     assert [b.tolist() for b in fn.batches] == [[[1.0]], [[3.0]]], "the timed-out row was never computed"
@@ -160,7 +166,7 @@ def test_large_request_is_split_into_max_size_batches():
     batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=2), Metrics())
     fn = Recorder()
     x = np.arange(10, dtype=np.float32).reshape(10, 1)
-    out = batcher.run(("m", 1, "s"), "m", fn, {"x": x}, 10)
+    out = batcher.run(request(fn, x))
     assert max(b.shape[0] for b in fn.batches) == 4
     assert out["y"][:, 0].tolist() == (x[:, 0] * 2).tolist()
     batcher.close()
@@ -191,8 +197,7 @@ def test_runtime_latency_is_labelled_with_the_apis_of_the_requests_in_the_batch(
     outputs = {}
 
     def one(api: str, value: float) -> None:
-        outputs[api] = batcher.run(("m", 1, "s"), "m", Recorder(), {"x": np.array([[value]], np.float32)}, 1,
-                                   api=api)
+        outputs[api] = batcher.run(request(Recorder(), np.array([[value]], np.float32), api=api))
     threads = [threading.Thread(target=one, args=(api, v)) for api, v in (("predict", 1.0), ("classify", 2.0))]
     for thread in threads:
         thread.start()
@@ -222,7 +227,7 @@ def test_pixel_budget_bounds_what_batches_decode_at_once():
 
     def one(rows: int) -> None:
         x = np.full((rows, 1), 4.0, np.float32)  # each row "decodes" 4 pixels
-        results.append(batcher.run(("m", 1, "s"), "m", fn, {"x": x}, rows, row_pixels=np.full(rows, 4))["y"])
+        results.append(batcher.run(request(fn, x, row_pixels=np.full(rows, 4)))["y"])
     threads = [threading.Thread(target=one, args=(rows,)) for rows in (5, 3, 1)]
     for thread in threads:
         thread.start()
@@ -264,4 +269,63 @@ def test_a_model_whose_outputs_do_not_follow_the_batch_answers_each_request_alon
     calls.clear()
     results, errors = run_concurrently(batcher, total, [4.0, 5.0])
     assert not errors and calls == [1, 1] and {float(out["y"]) for out in results.values()} == {4.0, 5.0}
+    batcher.close()
+
+
+class Threads:
+    """A batch function that records the thread of each call and the most calls ever running at once."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.idents: list[int] = []
+        self.running = self.peak = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs):
+        with self.lock:
+            self.idents.append(threading.get_ident())
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(self.delay)
+        with self.lock:
+            self.running -= 1
+        return {"y": inputs["x"] * 2}
+
+
+def test_a_lone_request_runs_on_its_own_thread_and_no_more_calls_run_than_batch_threads():
+    """Nothing queued and a call slot free: the request's thread runs it (no handoff to a batch thread and back).
+    Under load the requests' own runs and the batch threads' together never exceed num_batch_threads calls."""
+    batcher = Batcher(BatchingOptions(max_batch_size=8, num_batch_threads=2), Metrics())
+    fn = Threads()
+    out = batcher.run(request(fn, np.array([[1.0]], np.float32)))
+    assert out["y"].tolist() == [[2.0]] and fn.idents == [threading.get_ident()]
+
+    fn = Threads(delay=0.05)  # another model: a key's queue keeps the function it was created with
+    results, errors = run_concurrently(batcher, fn, list(range(12)), key="m2")
+    assert not errors and {v: out["y"].tolist() for v, out in results.items()} == {v: [[2.0 * v]] for v in range(12)}
+    assert fn.peak == 2, "two call slots, both used, never more"
+    assert len(fn.idents) < 12, "requests that queued behind busy slots were batched"
+    assert set(fn.idents) & {t.ident for t in batcher._threads}, "the batch threads took what queued"
+    batcher.close()
+
+
+def test_a_request_on_the_event_loop_is_handed_to_a_batch_thread(monkeypatch):
+    """The gevent worker's loop thread never runs a TF call itself: it would hold every other connection."""
+    monkeypatch.setattr(threads, "_loop", {})
+    batcher = Batcher(BatchingOptions(max_batch_size=8, num_batch_threads=1), Metrics())
+    fn = Threads()
+    seen: dict[str, object] = {}
+
+    def loop_thread():
+        threads.serve_on_gevent_loop(1)
+        seen["loop"] = threading.get_ident()
+        # a deadline: with nothing else for the loop to watch (a worker has its listening socket), gevent would
+        # find the wait endless
+        seen["out"] = batcher.run(request(fn, np.array([[3.0]], np.float32), deadline=time.monotonic() + 5))
+        seen["out"] = seen["out"]["y"].tolist()
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join(10)
+    assert seen["out"] == [[6.0]] and fn.idents == [batcher._threads[0].ident] != [seen["loop"]]
     batcher.close()

@@ -18,7 +18,7 @@ import pytest
 from server_harness import ROOT
 from serving import threads
 from serving.config import BatchingOptions, build_parser, option_defaults, parse_args
-from serving.core.batching import Batcher
+from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
 from serving.metrics import Metrics
@@ -169,12 +169,14 @@ def test_the_pixel_budget_waits_for_room_under_a_far_deadline():
 
 
 def test_a_batched_request_with_a_far_deadline_runs():
-    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=1), Metrics())
+    # a batch timeout, so the request waits in the queue for a batch thread rather than running on its own
+    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=1, batch_timeout_micros=1), Metrics())
     try:
         def slow_double(inputs):
             time.sleep(0.1)  # the request is still waiting when the batch thread runs it
             return {"y": inputs["x"] * 2}
-        out = batcher.run("m", "m", slow_double, {"x": np.arange(3.0)}, 3, deadline=time.monotonic() + FAR)
+        out = batcher.run(BatchRequest(BatchKey("m", 1, "s"), slow_double, {"x": np.arange(3.0)}, 3,
+                                       np.zeros(3, np.int64), deadline=time.monotonic() + FAR))
         assert out["y"].tolist() == [0.0, 2.0, 4.0]
     finally:
         batcher.close()

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from serving.core import Code, ServingError
-from serving.protocols.codec.tensor_proto import FILL_LIMIT, KINDS, decode_inputs
+from serving.protocols.codec.tensor_proto import FILL_LIMIT, KINDS, decode_inputs, encode
 
 LIMIT = 64 << 20  # --grpc_max_message_bytes' default
 SERVED = sorted(kind.name for kind in KINDS.values())
@@ -56,6 +56,19 @@ def test_what_tensorflow_builds_decodes_as_tensorflow_decodes_it(dtype, shape):
     want = tf.make_ndarray(proto)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", SERVED)
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (2, 3), (1, 0, 4)])
+def test_outputs_encode_byte_for_byte_as_tensorflow_encodes_them(dtype, shape):
+    array = sample(dtype, shape)
+    assert encode(array).SerializeToString() == tf.make_tensor_proto(array).SerializeToString()
+
+
+@pytest.mark.parametrize("array", [np.arange(24, dtype=np.float32).reshape(4, 6)[::2, ::3],
+                                   np.array(["é", b"\xff"], dtype=object)], ids=["strided", "str among bytes"])
+def test_strided_outputs_and_text_encode_as_tensorflow_encodes_them(array):
+    assert encode(array).SerializeToString() == tf.make_tensor_proto(array).SerializeToString()
 
 
 @pytest.mark.parametrize("dtype", [d for d in SERVED if d != "DT_STRING"])

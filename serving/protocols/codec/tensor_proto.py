@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import types_pb2
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from serving.core import NUMPY_DTYPES, SignatureInfo, invalid
 
@@ -185,6 +185,27 @@ def _dtype_string(name: str) -> str:
     return name.removeprefix("DT_").lower()
 
 
+# The dtypes whose values `tf.make_tensor_proto` writes as raw `tensor_content` when there is more than one
+# (tensor_util.py's _TENSOR_CONTENT_TYPES); the others, and single values, go in their dtype's value field.
+CONTENT_DTYPES = frozenset(KINDS[types_pb2.DataType.Value(name)].dtype for name in NUMPY_DTYPES
+                           if name not in ("DT_BOOL", "DT_UINT16"))
+KIND_OF_DTYPE = {kind.dtype: (enum, kind) for enum, kind in KINDS.items()}
+
+
 def encode(array: np.ndarray) -> Any:
-    """An output as the TensorProto TF Serving answers with."""
-    return tf.make_tensor_proto(array)
+    """An output as the TensorProto TF Serving answers with, byte for byte the one `tf.make_tensor_proto` makes,
+    built here because its generic path costs about 60 Python calls an output (docs/performance.md)."""
+    enum, kind = KIND_OF_DTYPE.get(array.dtype, (None, None))
+    if kind is None:
+        return tf.make_tensor_proto(array)
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d)
+                                                   for d in array.shape])
+    proto = tensor_pb2.TensorProto(dtype=enum, tensor_shape=shape)
+    if kind.dtype in CONTENT_DTYPES and array.size > 1:
+        proto.tensor_content = array.tobytes()
+        return proto
+    try:
+        getattr(proto, kind.field).extend(array.ravel().view(kind.wire).tolist())
+    except TypeError:  # a str among the strings: TensorFlow encodes it as UTF-8
+        return tf.make_tensor_proto(array)
+    return proto

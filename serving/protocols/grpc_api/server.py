@@ -54,6 +54,13 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
+def gate(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions) -> Gate:
+    """The interceptor every call of this worker's server passes."""
+    return Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
+                core.memory.hold, receivers(core.memory.body_limit, protocols),
+                min(protocols.grpc_max_message_bytes, core.memory.body_limit), protocols.request_body_timeout)
+
+
 def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
           runtime_dir: str) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
@@ -72,11 +79,8 @@ def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions
     options += parse_channel_arguments(protocols.grpc_channel_arguments)
     if protocols.access_log:
         access_log.enable()
-    gate = Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
-                core.memory.hold, receivers(core.memory.body_limit, protocols),
-                min(max_message, core.memory.body_limit), protocols.request_body_timeout)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
-                         options=options, interceptors=[gate])
+                         options=options, interceptors=[gate(core, protocols, security)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core, max_message), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)

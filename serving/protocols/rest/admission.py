@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import flask
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wsgi import get_content_length
 
 from serving.core import Code, DataPlane, ServingError
 from serving.memory import BODY_BYTES_FACTOR
@@ -70,14 +71,14 @@ def install(app: flask.Flask, core: DataPlane) -> None:
 
     @app.before_request
     def admit() -> None:
-        request = flask.request
-        chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
-        length = request.content_length
+        environ = flask.request.environ
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        length = get_content_length(environ)
         if not length and not chunked:
             return
-        hold = request.environ[_HOLD] = RequestHold(budget.hold(0))
+        hold = environ[_HOLD] = RequestHold(budget.hold(0))
         if chunked:
-            request.environ["wsgi.input"] = ChargedStream(request.environ["wsgi.input"], hold.charge)
+            environ["wsgi.input"] = ChargedStream(environ["wsgi.input"], hold.charge)
         elif length:
             hold.charge(length * BODY_BYTES_FACTOR)
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import flask
+from flask.sessions import NullSession, SessionInterface, SessionMixin
 from flask_cors import CORS
 from werkzeug.exceptions import HTTPException
 
@@ -39,6 +42,7 @@ CORS_PATHS = (r"/v1/.*", r"/v2/.*", r"/petal/.*")
 CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Content-Encoding", HEADER_LENGTH]
 CORS_RESPONSE_HEADERS = ["WWW-Authenticate", "Retry-After", HEADER_LENGTH]
 CORS_PREFLIGHT_CACHE_S = 600
+_NO_SESSION = NullSession()
 
 
 class NormalizeV1Paths:
@@ -50,6 +54,26 @@ class NormalizeV1Paths:
     def __call__(self, environ, start_response):
         environ["PATH_INFO"] = tfserving.normalize_v1_path(environ.get("PATH_INFO", ""))
         return self.app(environ, start_response)
+
+
+class _NoSessions(SessionInterface):
+    """No session: Petal keeps no state between requests, so none is opened (Flask's default opens a signed-cookie
+    session on every request)."""
+
+    def open_session(self, app: flask.Flask, request: flask.Request) -> NullSession:
+        return _NO_SESSION
+
+    def save_session(self, app: flask.Flask, session: SessionMixin, response: flask.Response) -> None:
+        pass
+
+
+class PetalFlask(flask.Flask):
+    """Flask without the per-request work of what Petal does not use: sessions, and async views (Flask asks of
+    every hook and view, on every request, whether it is a coroutine function)."""
+    session_interface = _NoSessions()
+
+    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        return func
 
 
 def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
@@ -75,7 +99,7 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     when not given)."""
     protocols = protocols or ProtocolOptions()
     security = security or SecurityOptions()
-    app = flask.Flask("petal")
+    app = PetalFlask("petal")
     app.config["MAX_CONTENT_LENGTH"] = protocols.max_request_bytes
     app.url_map.converters.update(segment=tfserving.SegmentConverter)
     app.wsgi_app = NormalizeV1Paths(app.wsgi_app)  # type: ignore[method-assign]  # Flask's way to add middleware
@@ -103,15 +127,17 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
                              latency_ms=round(1000 * (time.perf_counter() - flask.g.started), 3))
             return response
 
-    @app.before_request
     def authenticate() -> None:
         """The pages and their assets load without a token (they then ask for one), and a CORS preflight never
         carries one; everything they call is checked."""
         request = flask.request
-        if not authenticator.required or request.method == "OPTIONS" or request.endpoint in open_endpoints \
+        if request.method == "OPTIONS" or request.endpoint in open_endpoints \
                 or (request.blueprint or "") in OPEN_BLUEPRINTS:
             return
         authenticator.check(request.headers.get("Authorization"), auth.PREDICT)
+
+    if authenticator.required:  # the tokens are read once, at start
+        app.before_request(authenticate)
 
     @app.before_request
     def wait_for_startup() -> None:

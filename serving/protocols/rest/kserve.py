@@ -19,7 +19,9 @@ from serving.protocols.codec import v2_json
 from serving.protocols.codec.text import parse_version
 from serving.protocols.codec.v2_json import HEADER_LENGTH
 from serving.protocols.rest.admission import charge_of
-from serving.protocols.rest.httputil import JSON_MIMETYPE, request_body
+from serving.protocols.rest.httputil import JSON_MIMETYPE, current_request, request_body
+
+HEADER_ENVIRON = "HTTP_" + HEADER_LENGTH.upper().replace("-", "_")  # the header as WSGI names it
 
 
 def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
@@ -68,9 +70,10 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
         deadline = time.monotonic() + options.rest_api_timeout_in_ms / 1000.0
         number = parse_version(version)
         core.signatures(model, number)
-        charge = charge_of(flask.request)
-        request = v2_json.decode_request(request_body(options.max_request_bytes, charge),
-                                         flask.request.headers.get(HEADER_LENGTH), charge)
+        http = current_request()
+        charge = charge_of(http)
+        request = v2_json.decode_request(request_body(http, options.max_request_bytes, charge),
+                                         http.environ.get(HEADER_ENVIRON), charge)
         result = core.predict(model=model, inputs=v2.with_triton_dims(request.inputs), version=number,
                               signature_name=request.signature_name,
                               output_filter=[o.name for o in request.outputs] or None, deadline=deadline,

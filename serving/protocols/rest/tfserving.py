@@ -22,7 +22,7 @@ from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingErro
 from serving.protocols.codec import strict_json, tfserving_json
 from serving.protocols.codec.text import ascii_int, parse_version
 from serving.protocols.rest.admission import charge_of
-from serving.protocols.rest.httputil import json_response, request_body
+from serving.protocols.rest.httputil import current_request, json_response, request_body
 
 DEFAULT_TOP_K = 5
 
@@ -80,8 +80,9 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
         return json_response(strict_json.encode(tfserving_json.metadata_response(name, resolved, signatures)))
 
     def body() -> tuple[bytes, strict_json.Charge]:
-        charge = charge_of(flask.request)
-        return request_body(options.max_request_bytes, charge), charge
+        request = current_request()
+        charge = charge_of(request)
+        return request_body(request, options.max_request_bytes, charge), charge
 
     def predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         request = tfserving_json.decode_predict(*body())
@@ -103,7 +104,7 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
         return infer(REGRESS_METHOD, name, version, label, deadline)
 
     def classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
-        request = flask.request
+        request = current_request()
         top_k = _top_k(DEFAULT_TOP_K)
         if request.mimetype == "multipart/form-data":
             upload = request.files.get("image")
@@ -111,7 +112,7 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
                 raise invalid("The multipart form has no field named 'image'")
             data = upload.read()
         elif request.mimetype.startswith("image/") or request.mimetype == "application/octet-stream":
-            data = request_body(options.max_request_bytes, charge_of(request))
+            data = request_body(request, options.max_request_bytes, charge_of(request))
         else:
             raise invalid("Send the image as the body (Content-Type: image/*) or as the multipart form field "
                           f"'image'; got Content-Type {request.mimetype or 'none'!r}")
