@@ -27,7 +27,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import copy_model, jpeg, run_server
 from serving.client import Client, RequestError, Security, ServerError
-from serving.config import parse_args
+from serving.flags import parse_args
 from tls_certs import make_pki
 
 PREDICT_TOKEN = "predict-token-0123456789abcdef"

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from serving.config import ProcessOptions, ServerOptions, budget_after_load, measures_memory_budget
+from serving.config import ProcessOptions, ServerOptions
+from serving.memory import budget_after_load, measures_memory_budget
 from serving.memory import (
     BYTES_PER_PIXEL,
     ESTIMATE_SLACK,
