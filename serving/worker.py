@@ -73,6 +73,9 @@ class Worker:
         self._dataplane: DataPlane | None = None
         self._grpc: grpc.Server | None = None
         self._stop_rest: Callable[[], None] = lambda: None
+        # set by `drain`; the background threads wait on it (a native wait: under gevent none of them may start an
+        # event loop of its own)
+        self._stopping = threading.Event()
 
     @property
     def dataplane(self) -> DataPlane:
@@ -174,9 +177,8 @@ class Worker:
         if not dataplane.ready():
             for line in not_ready_lines(dataplane):
                 self._announce(line)
-            stop = threading.Event()  # a native wait: this thread must not start an event loop of its own
             while not dataplane.ready():
-                if dataplane.draining() or stop.wait(READY_POLL_S):
+                if self._stopping.wait(READY_POLL_S):
                     return
         self._announce(ready_line(dataplane, self.options))
 
@@ -192,8 +194,7 @@ class Worker:
     def _watch_config(self, path: str, seconds: float, last: bytes) -> None:
         """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one
         (once)."""
-        stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
-        while not self.startup.draining and not stop.wait(seconds):
+        while not self._stopping.wait(seconds):
             if not os.path.exists(path) and not last:
                 continue
             try:
@@ -225,6 +226,7 @@ class Worker:
         """Readiness turns false so load balancers stop sending; gRPC refuses new RPCs and lets running ones finish
         within --graceful_timeout; the REST port stops accepting, its requests in flight finish."""
         self.startup.drain()
+        self._stopping.set()
         if on_event_loop and self._grpc is not None:
             import gevent
             gevent.spawn(self._stop_grpc)
@@ -290,6 +292,6 @@ def not_ready_lines(dataplane: DataPlane) -> list[str]:
             continue
         if any(s.state == VersionState.AVAILABLE for s in statuses):
             continue
-        failed = [f"v{s.version} {s.error_message}" for s in statuses if s.error_message]
+        failed = [f"v{s.version} {' '.join(s.error_message.split())}" for s in statuses if s.error_message]
         lines.append(f"not ready: {name} {'; '.join(failed) or 'has no version loaded yet'}")
     return lines

@@ -1,6 +1,6 @@
-"""The session config a worker starts TensorFlow with (serving/tensorflow_runtime.py) reaches TF2 and TF1 models alike: a
-process configured as `petal serve` configures its workers, then a TF1 Session of a real foreign model and the
-eager context are asked what they run with. A subprocess, since TensorFlow takes this config once per process."""
+"""The session config a worker starts TensorFlow with (serving/tensorflow_runtime.py) reaches TF2 and TF1 models
+alike: a process configured as `petal serve` configures its workers, then a TF1 Session of a real foreign model and
+the eager context are asked what they run with. A subprocess, since TensorFlow takes this config once per process."""
 import json
 import os
 import subprocess

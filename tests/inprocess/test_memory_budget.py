@@ -15,11 +15,10 @@ import pytest
 
 from server_harness import b64, jpeg, tiny_model_base
 from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, model_config_for
-from serving.flags import parse_args
-from serving.memory import resolve_memory_budget
 from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
-from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
+from serving.flags import parse_args
+from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB, resolve_memory_budget
 from serving.metrics import Metrics
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.rest.app import create_app

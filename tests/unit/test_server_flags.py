@@ -18,10 +18,10 @@ import pytest
 from server_harness import ROOT
 from serving import threads
 from serving.config import BatchingOptions, option_defaults
-from serving.flags import build_parser, parse_args
 from serving.core.batching import Batcher
 from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
+from serving.flags import build_parser, parse_args
 from serving.metrics import Metrics
 from serving.model_server_flags import UNIMPLEMENTED
 from serving.protocols.grpc_api import unix_socket
