@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	# Triton's perf_analyzer binary (a second load generator) into $(VENV)/perf_analyzer: tests download nothing.
-	$(PY) -c "import sys; sys.path.insert(0, 'benchmarks'); import perf_analyzer; perf_analyzer.fetch()"
+	$(PY) -m load_tests.perf_analyzer
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,10 +12,10 @@ clients x images multipart `:classify_image` requests at once. The figures are t
 (the gunicorn master and its worker): resident memory idle, its peak during the flood (the sum of each process's
 kernel high-water mark, VmHWM, reset before the flood; writing to clear_refs needs the processes' owner) and 5 s
 after; and how the requests were answered (HTTP statuses; gRPC codes as the HTTP status they map to). Every
-protocol gets a fresh server, started with `--petal_args` (default: none, the derived budget), on the tiny test
-model unless they name one.
+protocol gets a fresh server, started with `--petal_args` (default: none, the derived budget), on the shipped model
+unless they name one. The flood and the memory readings are load_tests/pixel_flood.py's.
 
-With `--pod_limit`, each server runs as a fresh pod of that many bytes does (tests/fresh_pod.py: a memory cgroup
+With `--pod_limit`, each server runs as a fresh pod of that many bytes does (load_tests/fresh_pod.py: a memory cgroup
 it sees as its own, a cold page cache; needs root), and the figures are the cgroup's, as Kubernetes sees them:
 its usage (page cache included), working set and file pages idle, the peaks of the working set and the usage
 during the flood, and how often the usage reached the limit (failed charges) or a process was OOM-killed.
@@ -31,7 +31,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 MB = 1024 * 1024
 PROTOCOLS = ("rest", "v2", "multipart", "grpc")
@@ -44,18 +43,12 @@ def process_group(master: int) -> list[int]:
     return [master, *map(int, children)]
 
 
-def server_flags(extra: list[str]) -> list[str]:
-    from server_harness import tiny_model_base
-
-    given = any(flag.startswith("--model_base_path=") or flag.startswith("--model_config_file=") for flag in extra)
-    return extra if given else [f"--model_base_path={tiny_model_base()}", *extra]
-
-
 def measure(protocol: str, extra: list[str], image: bytes, images: int, clients: int) -> dict:
     """One flood against a fresh server; sizes in bytes."""
-    from server_harness import flood, flood_requests, reset_peak, run_server, status_kb
+    from load_tests.pixel_flood import flood, flood_requests, reset_peak, status_kb
+    from serving import launcher
 
-    with run_server(*server_flags(extra)) as server:
+    with launcher.running(extra, cwd=ROOT) as server:
         pids = process_group(server.proc.pid)
         for pid in pids:
             reset_peak(pid)
@@ -73,11 +66,11 @@ def measure(protocol: str, extra: list[str], image: bytes, images: int, clients:
 def measure_pod(protocol: str, extra: list[str], image: bytes, images: int, clients: int, limit: int,
                 checkout: str) -> dict:
     """One flood against a server started as a fresh pod of `limit` bytes; the cgroup's figures, in bytes."""
-    from fresh_pod import fresh_pod
-    from server_harness import flood, flood_requests, run_server
+    from load_tests.fresh_pod import fresh_pod
+    from load_tests.pixel_flood import flood, flood_requests
+    from serving import launcher
 
-    with fresh_pod(limit) as pod, run_server(*server_flags(extra), env=pod.env, wrapper=pod.wrapper,
-                                             cwd=checkout) as server:
+    with fresh_pod(limit) as pod, launcher.running(extra, env=pod.env, wrapper=pod.wrapper, cwd=checkout) as server:
         idle = pod.read()
         started = time.monotonic()
         with pod.sampled() as peaks:
@@ -100,13 +93,13 @@ def main() -> int:
     parser.add_argument("--checkout", default=ROOT, help="the checkout whose server runs (with --pod_limit)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server_harness import flat_jpeg
+    from load_tests.pixel_flood import flat_jpeg
 
     image = flat_jpeg(args.side)
     print(f"{args.clients} clients x {args.images} x {args.side}x{args.side} JPEGs ({len(image) / MB:.2f} MB each "
           f"on the wire, {args.side * args.side * 3 / MB:.0f} MB decoded); petal serve {args.petal_args}\n")
     if args.pod_limit:
-        from fresh_pod import unavailable
+        from load_tests.fresh_pod import unavailable
 
         if unavailable():
             print(f"--pod_limit: {unavailable()}", file=sys.stderr)

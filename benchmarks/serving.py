@@ -37,7 +37,6 @@ import os
 import pickle
 import selectors
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -283,10 +282,12 @@ def petal_rest_requests(server, photos: list[bytes]) -> Requests:
 
 
 def v2_binary_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
-    """Triton's binary extension: JSON header, then each BYTES element as a 4-byte little-endian length + data."""
+    """Triton's binary extension: JSON header, then the BYTES element framed (serving/protocols/codec/v2_bytes.py)."""
+    from serving.protocols.codec.v2_bytes import frame
+
     bodies, lengths = [], set()
     for photo in photos:
-        raw = struct.pack("<I", len(photo)) + photo
+        raw = frame([photo])
         header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
                                          "parameters": {"binary_data_size": len(raw)}}]}).encode()
         bodies.append(header + raw)

@@ -5,7 +5,7 @@ rounds, so the ratio is measured side by side.
 
     .venv/bin/python benchmarks/session_callable.py [--rounds 30] [--calls 300]
 
-The model is TF Serving's half_plus_two (tests/tf_serving_models.py), fed x of shape [batch, 1].
+The model is TF Serving's half_plus_two (exported_models/tf_serving_models.py), fed x of shape [batch, 1].
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 
@@ -34,7 +33,7 @@ def main() -> int:
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
 
-    from tf_serving_models import half_plus_two
+    from exported_models.tf_serving_models import half_plus_two
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)

@@ -102,11 +102,6 @@ def exported_versions(base_path: str) -> list[int]:
     return list(version_dirs(base_path))
 
 
-def version_path(base_path: str, version: int) -> str:
-    """The folder a version was found in, or where an exporter writes it (plain digits) when there is none."""
-    return version_dirs(base_path).get(version, f"{base_path.rstrip('/')}/{version}")
-
-
 def latest_version(model_path: str) -> str:
     """A version directory as is, or a base path's highest published version (TF Serving's latest policy)."""
     path = model_path.rstrip("/")

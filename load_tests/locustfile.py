@@ -24,16 +24,15 @@ from locust import FastHttpUser, User, constant, events, task
 
 # isort: split
 import gevent
-import gevent.ssl
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 
 from load_tests.slo import ENDPOINTS, SLOError, parse_weights
+from serving.client.security import TOKEN_ENV, Security
 
 grpc_gevent.init_gevent()  # without this a blocking gRPC call stalls every other simulated user
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp"}
-GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # clients default to 4 MB, too small for multi-megapixel JPEGs
 
 
 def load_images(folder: str) -> list[bytes]:
@@ -52,15 +51,15 @@ def add_arguments(parser) -> None:
     group.add_argument("--weights", default="", help=f"NAME=N,... with NAME in {', '.join(ENDPOINTS)};"
                                                      " endpoints left out get no traffic (default: all, weight 1)")
     group.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request fails")
-    group.add_argument("--token", env_var="PETAL_TOKEN", default="", help="bearer token (default: $PETAL_TOKEN)")
+    group.add_argument("--token", env_var=TOKEN_ENV, default="", help=f"bearer token (default: ${TOKEN_ENV})")
     group.add_argument("--ca-file", default="", help="TLS: the CA (PEM) to verify the server with")
     group.add_argument("--cert-file", default="", help="TLS: client certificate (PEM) for mutual TLS")
     group.add_argument("--key-file", default="", help="TLS: its private key (PEM)")
 
 
-def _tls_files(options, name: str) -> bytes | None:
-    path = getattr(options, name)
-    return Path(path).read_bytes() if path else None
+def security(options) -> Security:
+    """What the server asks of its clients, from the Petal flags."""
+    return Security(options.token, ca_file=options.ca_file, cert_file=options.cert_file, key_file=options.key_file)
 
 
 @events.init.add_listener
@@ -126,15 +125,10 @@ class _RestUser(FastHttpUser):
     def prepare(cls, images: list[bytes], options) -> None:
         cls.path = cls.route(options.model_name)
         cls.bodies = [cls.encode(image) for image in images]
-        cls.headers = {"Content-Type": cls.content_type,
-                       **({"Authorization": f"Bearer {options.token}"} if options.token else {})}
-        if options.ca_file or options.cert_file:
-            def secure_context():
-                context = gevent.ssl.create_default_context(cafile=options.ca_file or None)
-                if options.cert_file:
-                    context.load_cert_chain(options.cert_file, options.key_file or None)
-                return context
-            cls.insecure, cls.ssl_context_factory = False, staticmethod(secure_context)
+        secured = security(options)
+        cls.headers = {"Content-Type": cls.content_type, **secured.header()}
+        if secured.uses_tls:
+            cls.insecure, cls.ssl_context_factory = False, staticmethod(secured.ssl_context)
 
     @task
     def send(self) -> None:
@@ -241,16 +235,10 @@ class GrpcPredictUser(User):
         from tensorflow_serving.apis import prediction_service_pb2_grpc  # imported already by prepare()
 
         options = self.environment.parsed_options
+        secured = security(options)
         self.timeout = options.request_timeout
-        self.metadata = [("authorization", f"Bearer {options.token}")] if options.token else None
-        channel_options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-                           ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
-        if options.ca_file or options.cert_file:
-            credentials = grpc.ssl_channel_credentials(_tls_files(options, "ca_file"), _tls_files(options, "key_file"),
-                                                       _tls_files(options, "cert_file"))
-            self.channel = grpc.secure_channel(options.grpc_host, credentials, options=channel_options)
-        else:
-            self.channel = grpc.insecure_channel(options.grpc_host, options=channel_options)
+        self.metadata = secured.grpc_metadata()
+        self.channel = secured.grpc_channel(options.grpc_host)
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
     def on_stop(self) -> None:

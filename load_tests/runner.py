@@ -14,12 +14,11 @@ import logging
 import os
 import re
 import shlex
-import ssl
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
@@ -37,6 +36,7 @@ from load_tests.slo import (
     read_locust_stats,
 )
 from serving import launcher
+from serving.client.security import TOKEN_ENV, Security
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ DEFAULT_LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_SLO = Path(__file__).with_name("slo.toml")
 DEFAULT_IMAGE_SIZES = "96x96,320x240,1024x768,2048x1536"
 SERVER_STOP_GRACE_S = 10  # the run is over: a short grace, then no reason to wait for a slow drain
-TOKEN_ENV = "PETAL_TOKEN"  # as serving.client's; the load tests import no serving module but the launcher
 LOCUST_GRACE_S = 90  # start-up (the gRPC user imports TensorFlow) and shutdown on top of --run-time
 
 
@@ -57,27 +56,6 @@ class LoadTestError(Exception):
 class Target:
     host: str
     grpc_host: str
-
-
-@dataclass(frozen=True)
-class Security:
-    """A secured server's demands: a bearer token, and TLS files (PEM) to verify it and to present to it."""
-
-    token: str = field(default="", repr=False)
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-
-    def locust_flags(self) -> list[str]:
-        """The token is left out: it reaches Locust as $PETAL_TOKEN, never on a command line `ps` shows."""
-        return [arg for name in ("ca_file", "cert_file", "key_file") if getattr(self, name)
-                for arg in (f"--{name.replace('_', '-')}", getattr(self, name))]
-
-    def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self.ca_file or None)
-        if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file or None)
-        return context
 
 
 @dataclass(frozen=True)
@@ -93,6 +71,13 @@ class Settings:
     locustfile: Path
     request_timeout_s: float
     security: Security = Security()
+
+
+def locust_flags(security: Security) -> list[str]:
+    """The TLS files as Locust's flags. The token is left out: it reaches Locust as $PETAL_TOKEN, never on a
+    command line `ps` shows."""
+    return [arg for name in ("ca_file", "cert_file", "key_file") if getattr(security, name)
+            for arg in (f"--{name.replace('_', '-')}", getattr(security, name))]
 
 
 def parse_duration(text: str) -> int:
@@ -134,8 +119,7 @@ def make_corpus(folder: Path, sizes: list[tuple[int, int]]) -> Path:
 
 
 def _model_available(host: str, model_name: str, security: Security) -> bool:
-    request = urllib.request.Request(f"{host}/v1/models/{model_name}",
-                                     headers={"Authorization": f"Bearer {security.token}"} if security.token else {})
+    request = urllib.request.Request(f"{host}/v1/models/{model_name}", headers=security.header())
     context = security.ssl_context() if host.startswith("https://") else None
     try:
         with urllib.request.urlopen(request, timeout=2, context=context) as response:
@@ -181,7 +165,7 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
                "--json-file", str(out_dir / "locust_stats"),
                "--loglevel", "WARNING", "--images", str(settings.images), "--model-name", settings.model_name,
                "--grpc-host", settings.target.grpc_host, "--weights", weights,
-               "--request-timeout", str(settings.request_timeout_s), *settings.security.locust_flags()]
+               "--request-timeout", str(settings.request_timeout_s), *locust_flags(settings.security)]
     log_path = out_dir / "locust.log"
     log.info("running locust", extra={"fields": {"command": shlex.join(command)}})
     print(f"loadtest: {users} user(s) for {settings.run_time_s}s against {settings.target.host}"
@@ -193,7 +177,7 @@ def run_locust(settings: Settings, users: int, out_dir: Path) -> dict[str, Endpo
             # Locust exits 1 whenever any request failed; the SLO check, not that, decides pass or fail.
             subprocess.run(command, stdout=locust_log, stderr=subprocess.STDOUT,
                            timeout=settings.run_time_s + LOCUST_GRACE_S,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: settings.security.token})
+                           env={**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: settings.security.token or ""})
         except subprocess.TimeoutExpired:
             raise LoadTestError(f"locust did not finish within {settings.run_time_s + LOCUST_GRACE_S}s;"
                                 f" log {log_path}:\n{_tail(log_path)}") from None
@@ -348,7 +332,7 @@ def main(argv: list[str]) -> int:
     images = args.images.resolve() if args.images else make_corpus(report_dir / "corpus", args.image_sizes)
     summary: dict = {"mode": "sweep" if args.sweep else "run", "slo": str(args.slo), "weights": weights,
                      "users": levels or args.users, "run_time_s": args.run_time, "images": str(images)}
-    security = Security(args.token, args.ca_file, args.cert_file, args.key_file)
+    security = Security(args.token, ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file)
     try:
         with contextlib.ExitStack() as stack:
             target = Target(args.host.rstrip("/"), args.grpc_host)

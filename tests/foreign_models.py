@@ -1,5 +1,5 @@
 """SavedModels exported the way other people export them, built at test time: never shaped by Petal's code.
-TF Serving's own test models (half_plus_two and its kin) are tests/tf_serving_models.py.
+TF Serving's own test models (half_plus_two and its kin) are exported_models/tf_serving_models.py.
 
 - `tf1_classifier`: a TF1 graph (`tf.compat.v1.saved_model.Builder`) of an Estimator-style classifier: serialized
   `tf.Example`s parsed in the graph, class names from an asset read by a lookup table that the main op

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 import shutil
 import ssl
-import struct
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
@@ -139,107 +136,6 @@ def run_batching_server(root, batching_config: str, *petal_serve_args: str) -> I
         yield server
 
 
-# --- memory -----------------------------------------------------------------------------------------------
-
-def flat_jpeg(side: int) -> bytes:
-    """A flat-colour JPEG: about 0.56 MB on the wire at 6000 x 6000, and 3 bytes a pixel once decoded."""
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.new("RGB", (side, side), (200, 120, 40)).save(out, format="JPEG", quality=90)
-    return out.getvalue()
-
-
-def status_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak(pid: int) -> None:
-    """Start VmHWM again from the current size, so the peak is the flood's and not the model load's."""
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
-
-
 def worker_pid(master: int) -> int:
     """The first gunicorn worker of a `petal serve` master."""
     return int(subprocess.check_output(["pgrep", "-P", str(master)]).split()[0])
-
-
-# --- pixel floods: many large, cheap JPEGs at once -------------------------------------------------------------
-
-GRPC_TO_HTTP = {"OK": 200, "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
-                "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
-
-
-def flood_requests(protocol: str, server: Server, image: bytes, images: int, clients: int,
-                   timeout_s: float) -> list[Callable[[], int]]:
-    """One callable per request of a flood, each returning the status it got (a gRPC code as the HTTP status it
-    maps to; 0: no answer within `timeout_s`): `clients` requests of `images` JPEGs each, as a REST `:predict` of
-    base64 JSON, a V2 `infer` with the images as binary data or a gRPC Predict; or, since `:classify_image` takes
-    one image a request, clients x images multipart requests."""
-    url = server.rest_url
-    if protocol == "rest":
-        body = json.dumps({"instances": [b64(image)] * images}).encode()
-        return [lambda: _post(url + "/v1/models/flowers:predict", timeout_s, data=body,
-                              headers={"Content-Type": "application/json"})] * clients
-    if protocol == "v2":
-        raw = (struct.pack("<I", len(image)) + image) * images
-        header = json.dumps({"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [images],
-                                         "parameters": {"binary_data_size": len(raw)}}]}).encode()
-        return [lambda: _post(url + "/v2/models/flowers/infer", timeout_s, data=header + raw,
-                              headers={"Content-Type": "application/octet-stream",
-                                       "Inference-Header-Content-Length": str(len(header))})] * clients
-    if protocol == "multipart":
-        return [lambda: _post(url + "/v1/models/flowers:classify_image", timeout_s,
-                              files={"image": ("flat.jpg", image, "image/jpeg")})] * (clients * images)
-    return [_grpc_predict(server.grpc_target, image, images, timeout_s)] * clients
-
-
-def _post(url: str, timeout_s: float, **kwargs) -> int:
-    import requests
-
-    try:
-        return requests.post(url, timeout=timeout_s, **kwargs).status_code
-    except requests.RequestException:
-        return 0
-
-
-def _grpc_predict(target: str, image: bytes, images: int, timeout_s: float) -> Callable[[], int]:
-    import grpc
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image] * images, dtype=tf.string))
-    options = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
-
-    def send() -> int:
-        with grpc.insecure_channel(target, options=options) as channel:
-            try:
-                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=timeout_s)
-                return 200
-            except grpc.RpcError as error:
-                return GRPC_TO_HTTP.get(error.code().name, 0)
-    return send
-
-
-def flood(sends: list[Callable[[], int]]) -> dict[int, int]:
-    """Every request at once; how many got each status."""
-    statuses: dict[int, int] = {}
-    lock = threading.Lock()
-
-    def one(send: Callable[[], int]) -> None:
-        status = send()
-        with lock:
-            statuses[status] = statuses.get(status, 0) + 1
-    threads = [threading.Thread(target=one, args=(send,)) for send in sends]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return statuses

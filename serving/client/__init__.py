@@ -11,64 +11,30 @@ answer with the server's labels, so the client needs no label file. For a server
 pass `token` (sent as `Authorization: Bearer`); with --ssl_config_file pass `ca_file` (or `tls=True` to trust the
 system's CAs), and `cert_file`/`key_file` when it asks for client certificates. Transient failures (HTTP 503, gRPC
 UNAVAILABLE, a refused connection while a server restarts) are retried with exponential backoff and full
-jitter; the caller's mistakes (4xx) raise RequestError at once.
+jitter; the caller's mistakes (4xx, or a gRPC code whose HTTP status is one: serving/status_codes.py) raise
+RequestError at once. Importing this module imports neither TensorFlow nor grpc; a gRPC client loads them.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 import requests
-from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import classification_pb2, input_pb2, model_pb2, prediction_service_pb2_grpc
+
+from serving.client.security import MAX_MESSAGE_BYTES, TOKEN_ENV, Security
+from serving.protocols.codec.v2_bytes import frame
+from serving.status_codes import Code
+
+__all__ = ["MAX_MESSAGE_BYTES", "TOKEN_ENV", "Client", "PetalError", "Prediction", "RequestError", "Security",
+           "ServerError", "from_pairs", "predict", "read_image"]
 
 T = TypeVar("T")
 Image = bytes | str | os.PathLike
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# gRPC codes that mean "your request is wrong"; everything else is the server's side.
-GRPC_REQUEST_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                       grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE,
-                       grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
-                       grpc.StatusCode.ALREADY_EXISTS}
-
-
-TOKEN_ENV = "PETAL_TOKEN"
-
-
-@dataclass(frozen=True)
-class Security:
-    """What a secured server asks of a client: a bearer token, and TLS (PEM files) with an optional client
-    certificate. TLS is on when asked for or implied by a CA or certificate file."""
-
-    token: str | None = field(default=None, repr=False)
-    tls: bool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    @property
-    def uses_tls(self) -> bool:
-        return self.tls or bool(self.ca_file or self.cert_file)
-
-    def header(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def grpc_credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None) -> bytes | None:
-            if not path:
-                return None
-            with open(path, "rb") as f:
-                return f.read()
-        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file), private_key=read(self.key_file),
-                                            certificate_chain=read(self.cert_file))
 
 
 @dataclass(frozen=True)
@@ -112,6 +78,16 @@ def read_image(image: Image) -> bytes:
         return f.read()
 
 
+def failure(http_status: int, code: str, message: str) -> Exception:
+    """A refused or failed request as this client raises it, over either transport: a 4xx is the caller's mistake
+    (RequestError); a 503 (gRPC UNAVAILABLE) is worth another attempt (Retry); anything else is a ServerError."""
+    if 400 <= http_status < 500:
+        return RequestError(code, message)
+    if http_status == 503:
+        return Retry(ServerError(code, message))
+    return ServerError(code, message)
+
+
 def from_pairs(pairs: Sequence[tuple[str, float]], top_k: int) -> Prediction:
     ranked = tuple(pairs[:top_k])
     if not ranked:
@@ -127,20 +103,16 @@ class Client:
                  max_message_bytes: int = MAX_MESSAGE_BYTES, security: Security = Security()) -> None:
         self.server, self.use_grpc, self.model, self.version = server, use_grpc, model, version
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
-        self.metadata = tuple((k.lower(), v) for k, v in security.header().items())
+        self.metadata = security.grpc_metadata()
         if use_grpc:
-            # gRPC clients refuse messages over 4 MB by default; images need more.
-            options = [("grpc.max_send_message_length", max_message_bytes),
-                       ("grpc.max_receive_message_length", max_message_bytes)]
-            self.channel = (grpc.secure_channel(server, security.grpc_credentials(), options=options)
-                            if security.uses_tls else grpc.insecure_channel(server, options=options))
+            from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+            self.channel = security.grpc_channel(server, max_message_bytes)
             self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         else:
             self.session = requests.Session()
             self.session.headers.update(security.header())
-            # per request, not on the session: requests lets $REQUESTS_CA_BUNDLE override a session's `verify`
-            self.tls_arguments: dict[str, Any] = {"verify": security.ca_file or True, "cert": (
-                (security.cert_file, security.key_file) if security.key_file else security.cert_file)}
+            self.tls_arguments = security.requests_arguments()
             base = server if "://" in server else f"{'https' if security.uses_tls else 'http'}://{server}"
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
             self.infer_url = f"{base}{path}/infer"
@@ -180,6 +152,10 @@ class Client:
         raise AssertionError("unreachable")
 
     def _grpc_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
+        import grpc
+        from tensorflow.core.example import example_pb2, feature_pb2
+        from tensorflow_serving.apis import classification_pb2, input_pb2, model_pb2
+
         spec = model_pb2.ModelSpec(name=self.model)
         if self.version is not None:
             spec.version.value = self.version
@@ -190,19 +166,15 @@ class Client:
             model_spec=spec, input=input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples)))
         try:
             response = self.stub.Classify(request, timeout=max(deadline - time.monotonic(), 0.001),
-                                          metadata=self.metadata or None)
+                                          metadata=self.metadata)
         except grpc.RpcError as err:
-            code, message = err.code(), err.details() or ""
-            if code in GRPC_REQUEST_ERRORS:
-                raise RequestError(code.name, message) from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise Retry(ServerError(code.name, message)) from None
-            raise ServerError(code.name, message) from None
+            code = Code[err.code().name]
+            raise failure(code.http_status, code.name, err.details() or "") from None
         return [from_pairs([(c.label, c.score) for c in row.classes], top_k)
                 for row in response.result.classifications]
 
     def _rest_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
-        raw = b"".join(struct.pack("<I", len(image)) + image for image in data)
+        raw = frame(data)
         header = json.dumps({
             "inputs": [{"name": "image_bytes", "shape": [len(data)], "datatype": "BYTES",
                         "parameters": {"binary_data_size": len(raw)}}],
@@ -223,11 +195,7 @@ class Client:
                 message = response.json()["error"]
             except (ValueError, KeyError, TypeError):
                 message = response.text[:500]
-            error_type = RequestError if 400 <= response.status_code < 500 else ServerError
-            error = error_type(f"HTTP {response.status_code}", message)
-            if response.status_code == 503:
-                raise Retry(error)
-            raise error
+            raise failure(response.status_code, f"HTTP {response.status_code}", message)
         outputs = response.json()["outputs"]
         rows = outputs[0]["data"]
         per_image = len(rows) // len(data)

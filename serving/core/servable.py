@@ -59,17 +59,10 @@ class Servable:
             raise invalid(f"Serving signature name: \"{key}\" not found in signature def")
         return key, info
 
-    def run(self, signature_name: str, inputs: dict[str, np.ndarray],
-            output_names: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Call one signature, fetching only `output_names` (all its outputs without); TensorFlow's errors become
-        ServingErrors with the same code."""
-        outputs = self.signatures[signature_name].outputs
-        if not output_names:
-            return self._loaded.run(signature_name, inputs, list(outputs))
-        unknown = sorted(set(output_names) - set(outputs))
-        if unknown:
-            raise invalid(f"output tensor alias not found in signature: {', '.join(unknown)}")
-        return self._loaded.run(signature_name, inputs, list(output_names))
+    def run(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Call one signature for all its outputs (a Predict's output filter is the DataPlane's); TensorFlow's errors
+        become ServingErrors with the same code."""
+        return self._loaded.run(signature_name, inputs, list(self.signatures[signature_name].outputs))
 
     def warmup(self, metrics: Metrics) -> int:
         """Replay the version's warmup requests (Predict, Classify, Regress, MultiInference); a failure fails

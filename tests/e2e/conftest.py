@@ -1,4 +1,5 @@
-"""Fixtures several end-to-end modules share: one `petal serve` on the tiny model, and the tiny training data."""
+"""Fixtures several end-to-end modules share: one `petal serve` on the tiny model, the tiny training data, and a gRPC
+channel and PredictionService stub to the module's own `server`."""
 import pytest
 
 from server_harness import run_server, tiny_model_base
@@ -16,3 +17,22 @@ def tiny_server():
     """`petal serve` on the tiny test model, for the modules that only read from it (client, KServe V2)."""
     with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers") as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    """A gRPC channel to the module's `server` that carries messages of images (tests/grpc_calls.py)."""
+    import grpc
+
+    from grpc_calls import CHANNEL_OPTIONS
+
+    with grpc.insecure_channel(server.grpc_target, options=CHANNEL_OPTIONS) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    """TF Serving's PredictionService on the module's `server`, as its example clients make it."""
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel)

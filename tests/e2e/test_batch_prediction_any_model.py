@@ -1,6 +1,6 @@
 """`petal batch` on SavedModels exported elsewhere: Predict on JSON lines, Classify and Regress on tf.Examples.
 
-The models are TF Serving's TF1 half_plus_two graph (tests/tf_serving_models.py: y = 0.5 x + 2) and
+The models are TF Serving's TF1 half_plus_two graph (exported_models/tf_serving_models.py: y = 0.5 x + 2) and
 tests/foreign_models.py's TF2 tf.Module. Each job mixes
 corrupt records into good ones and checks that every record comes out once, as a result or an error, and that the
 answers are the ones a real `petal serve` gives over REST for the same records. Beam runs on the in-process
@@ -16,13 +16,12 @@ import sys
 import pytest
 import requests
 import tensorflow as tf
-from test_batch_prediction_beam import read_output, run_job
-from test_batch_prediction_spark import spark_env
 
+from batch_jobs import read_output, run_job, spark_env
+from exported_models.tf_serving_models import half_plus_two
 from foreign_models import example, tf2_module
 from server_harness import ROOT, run_server
 from serving.batch_prediction import job as batch_job
-from tf_serving_models import half_plus_two
 
 BATCH = 4
 XS = [float(x) for x in (1, 2, 3, 5, 8, 10, -4, 0.5, 2.25)]  # 9 good rows: two full batches and a padded one

@@ -26,18 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyspark
 import pytest
-from test_batch_prediction_beam import (
-    _jsonl,
-    _tfrecord,
+
+from batch_jobs import (
     assert_cut_tails_are_one_error_each,
     assert_each_fails_fast_in_one_line,
     assert_nothing_lost,
     failing_jobs,
-    keras_tripwire,
     read_output,
+    spark_env,
     write_cut_tfrecords,
+    write_jsonl_input,
+    write_tfrecord_input,
 )
-
 from server_harness import ROOT, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
 from serving.batch_prediction import spark_job
@@ -49,14 +49,6 @@ CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
            "notes.jpg": "Unknown image file format"}
 CLUSTER_START_S = 120
 WORKERS = 2
-
-
-def spark_env() -> dict[str, str]:
-    """Loopback only, this Python (with Petal from this checkout, behind the Keras tripwire) for the Python
-    workers, TF's C++ logs off."""
-    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join(filter(None, [keras_tripwire(), ROOT, os.environ.get("PYTHONPATH")])),
-            "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 @dataclass(frozen=True)
@@ -169,11 +161,11 @@ def write_input(kind: str, folder, images: dict[str, bytes]) -> tuple[str, list[
     if kind == "images":
         return os.path.join(os.path.dirname(good[0]), "*"), list(images), {}
     if kind == "tfrecord":
-        keys = _tfrecord(str(folder / "a.tfrecord"), images, good[:15])
+        keys = write_tfrecord_input(str(folder / "a.tfrecord"), images, good[:15])
         pattern, more, cuts = write_cut_tfrecords(folder, images, good[15:24])
         return pattern, keys + more, cuts
     corrupt = next(p for p in images if p.endswith("corrupt.jpg"))
-    keys = _jsonl(str(folder / "a.jsonl"), images, good[:20] + [corrupt])
+    keys = write_jsonl_input(str(folder / "a.jsonl"), images, good[:20] + [corrupt])
     (folder / "b.jsonl").write_text("".join(json.dumps({"key": p, "image_bytes": {"b64": base64.b64encode(
         images[p]).decode()}}) + "\n" for p in good[20:]))
     return str(folder / "*.jsonl"), keys + good[20:], {}

@@ -1,8 +1,8 @@
 """Classify, Regress and MultiInference on SavedModels exported elsewhere, against TF Serving's documented answers.
 
-The TF1 graph is TF Serving's half_plus_two as its generator builds it (tests/tf_serving_models.py: y = 0.5 x + 2,
-y2 = 0.5 x + 3), the TF1 classifier (tests/foreign_models.py) answers class names from an asset, and the TF2
-tf.Module has classify and regress signatures whose method name is "predict", as `tf.saved_model.save` writes
+The TF1 graph is TF Serving's half_plus_two as its generator builds it (exported_models/tf_serving_models.py:
+y = 0.5 x + 2, y2 = 0.5 x + 3), the TF1 classifier (tests/foreign_models.py) answers class names from an asset, and
+the TF2 tf.Module has classify and regress signatures whose method name is "predict", as `tf.saved_model.save` writes
 them. One `petal serve` serves the three over REST and gRPC, with batching on. The tf.Example conversion's own checks
 are tests/unit/test_tf_example_json.py, and the warmup records tests/inprocess/test_example_requests.py.
 """
@@ -14,12 +14,12 @@ import re
 import grpc
 import pytest
 import requests
-from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc, regression_pb2
+from tensorflow_serving.apis import classification_pb2, regression_pb2
 
+from exported_models.tf_serving_models import half_plus_two
 from foreign_models import CLASS_NAMES, example, examples_input, multi_request, tf1_classifier, tf2_module
 from server_harness import run_server
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD
-from tf_serving_models import half_plus_two
 
 BATCH_SIZE_METRIC = ":tensorflow:serving:batching_session:processed_batch_size"
 
@@ -46,12 +46,6 @@ def server(tmp_path_factory):
     with run_server(f"--model_config_file={config}", "--enable_batching",
                     f"--batching_parameters_file={batching}") as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
 def rest(server, model: str, verb: str, body: dict) -> requests.Response:

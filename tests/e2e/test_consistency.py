@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import requests
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
+from grpc_calls import predict_request
 from server_harness import b64, run_server
 from serving.client import cli as predict_cli
 from training.synth import CLASSES, render
@@ -87,11 +88,9 @@ def test_rest_classify_image(server, images, reference):
 
 
 def test_grpc_predict(server, images, reference):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images, shape=[len(images)]))
     with grpc.insecure_channel(server.grpc_target) as channel:
-        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+            predict_request(jpegs=images), timeout=30)
     np.testing.assert_allclose(tf.make_ndarray(response.outputs["probabilities"]), reference, **TOLERANCE)
 
 

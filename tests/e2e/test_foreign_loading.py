@@ -1,8 +1,8 @@
 """SavedModels that Petal did not write, served as TF Serving serves them: versions found in zero-padded folders, a
 TF1 graph in a Session (its asset and main op included), a tf.Module and a Keras export through their functions,
 and a model.tflite through the TFLite interpreter with --prefer_tflite_model. Real `petal serve`, real REST and
-gRPC with TF Serving's own stubs, models built by tests/tf_serving_models.py (TF Serving's half_plus_two in its
-2-versions layout) and tests/foreign_models.py at test time. Version discovery on its own is
+gRPC with TF Serving's own stubs, models built by exported_models/tf_serving_models.py (TF Serving's half_plus_two
+in its 2-versions layout) and tests/foreign_models.py at test time. Version discovery on its own is
 tests/unit/test_version_folders.py, and the Servables loaded in process tests/inprocess/test_foreign_servables.py."""
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ import tensorflow as tf
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
 import foreign_models
-import tf_serving_models
-from exported_models import model_format
+from exported_models import model_format, tf_serving_models
 from exported_models.model_format import WarmupRequest
+from grpc_calls import predict_request
 from server_harness import copy_model, jpeg, run_server, tiny_model_base
 from serving.client import cli as predict_cli
 
@@ -98,18 +97,6 @@ def rest_predict(server, path: str, body: dict) -> requests.Response:
 def grpc_call(server, method: str, request, service=prediction_service_pb2_grpc.PredictionServiceStub):
     with grpc.insecure_channel(server.grpc_target) as channel:
         return getattr(service(channel), method)(request, timeout=TIMEOUT)
-
-
-def predict_request(model: str, signature: str = "", version: int | None = None,
-                    **inputs) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.model_spec.signature_name = signature
-    if version is not None:
-        request.model_spec.version.value = version
-    for name, value in inputs.items():
-        request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-    return request
 
 
 def rest_signatures(server, model: str) -> dict:

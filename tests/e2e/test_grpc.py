@@ -23,18 +23,16 @@ from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
-    prediction_service_pb2_grpc,
     regression_pb2,
 )
 from tensorflow_serving.config import model_server_config_pb2
 
+from grpc_calls import MB, predict_request, rpc_error
 from server_harness import IMAGE_SIZE, run_server, tiny_model_base
 from training.synth import CLASSES, render
 
 # A lone request waits this long for company in the batch queue: the artificial delay the deadline test needs.
 BATCH_TIMEOUT_S = 0.25
-MB = 1024 * 1024
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 * MB), ("grpc.max_receive_message_length", 64 * MB)]
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +52,6 @@ def server(model_base, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def channel(server):
-    with grpc.insecure_channel(server.grpc_target, options=CHANNEL_OPTIONS) as ch:
-        yield ch
-
-
-@pytest.fixture(scope="module")
-def predict_stub(channel):
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
 def model_stub(channel):
     return model_service_pb2_grpc.ModelServiceStub(channel)
 
@@ -80,26 +67,8 @@ def local_probabilities(model_base, images) -> np.ndarray:
     return signature(image_bytes=tf.constant(images))["probabilities"].numpy()
 
 
-def predict_request(images: list[bytes], **spec) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = spec.pop("name", "flowers")
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images, shape=[len(images)]))
-    return request
-
-
-def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        call(*args, **kwargs)
-    return info.value
-
-
-def test_stock_client_predict_matches_in_process(predict_stub, images, local_probabilities):
-    response = predict_stub.Predict(predict_request(images), timeout=30)
+def test_stock_client_predict_matches_in_process(stub, images, local_probabilities):
+    response = stub.Predict(predict_request(jpegs=images), timeout=30)
     probabilities = tf.make_ndarray(response.outputs["probabilities"])
     classid = tf.make_ndarray(response.outputs["classid"])
     classes = tf.make_ndarray(response.outputs["class"])
@@ -111,66 +80,62 @@ def test_stock_client_predict_matches_in_process(predict_stub, images, local_pro
     assert response.model_spec.signature_name == "serving_default"
 
 
-def test_output_filter_version_and_signature(predict_stub, images, local_probabilities):
-    response = predict_stub.Predict(predict_request(images[:1], version=1, signature_name="serving_default"),
+def test_output_filter_version_and_signature(stub, images, local_probabilities):
+    response = stub.Predict(predict_request(signature="serving_default", jpegs=images[:1], version=1),
                                     timeout=30)
     assert set(response.outputs) == {"probabilities", "classid", "class"}
-    request = predict_request(images[:2])
+    request = predict_request(jpegs=images[:2])
     request.output_filter.append("classid")
-    response = predict_stub.Predict(request, timeout=30)
+    response = stub.Predict(request, timeout=30)
     assert list(response.outputs) == ["classid"]
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["classid"]), local_probabilities[:2].argmax(1))
 
 
-def test_predict_images_signature_takes_float_pixels(predict_stub):
+def test_predict_images_signature_takes_float_pixels(stub):
     pixels = np.random.default_rng(0).uniform(-1, 1, (3, IMAGE_SIZE, IMAGE_SIZE, 3)).astype(np.float32)
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.model_spec.signature_name = "predict_images"
-    request.inputs["images"].CopyFrom(tf.make_tensor_proto(pixels))
-    response = predict_stub.Predict(request, timeout=30)
+    response = stub.Predict(predict_request(signature="predict_images", images=pixels), timeout=30)
     probabilities = tf.make_ndarray(response.outputs["probabilities"])
     assert probabilities.shape == (3, len(CLASSES))
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
     assert response.model_spec.signature_name == "predict_images"
 
 
-def test_errors_map_to_tf_codes(predict_stub, images):
-    err = rpc_error(predict_stub.Predict, predict_request(images[:1], name="nope"), timeout=30)
+def test_errors_map_to_tf_codes(stub, images):
+    err = rpc_error(stub.Predict, predict_request("nope", jpegs=images[:1]), timeout=30)
     assert err.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.details()
-    err = rpc_error(predict_stub.Predict, predict_request(images[:1], version=42), timeout=30)
+    err = rpc_error(stub.Predict, predict_request(jpegs=images[:1], version=42), timeout=30)
     assert err.code() == grpc.StatusCode.NOT_FOUND
-    err = rpc_error(predict_stub.Predict, predict_request(images[:1], version_label="nolabel"), timeout=30)
+    err = rpc_error(stub.Predict, predict_request(jpegs=images[:1], version_label="nolabel"), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "nolabel" in err.details()
-    err = rpc_error(predict_stub.Predict, predict_request([b"definitely not a jpeg"]), timeout=30)
+    err = rpc_error(stub.Predict, predict_request(jpegs=[b"definitely not a jpeg"]), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    err = rpc_error(predict_stub.Predict, predict_request(images[:1], signature_name="nosig"), timeout=30)
+    err = rpc_error(stub.Predict, predict_request(signature="nosig", jpegs=images[:1]), timeout=30)
     assert (err.code(), err.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
                                            'Serving signature key "nosig" not found.')
     missing_name = predict_pb2.PredictRequest()
     missing_name.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images[:1]))
-    assert rpc_error(predict_stub.Predict, missing_name, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_error(stub.Predict, missing_name, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_bad_image_next_to_good_ones_is_invalid_argument_and_server_keeps_serving(predict_stub, images):
-    err = rpc_error(predict_stub.Predict, predict_request([images[0], b"\xff\xd8\xff garbage"]), timeout=30)
+def test_bad_image_next_to_good_ones_is_invalid_argument_and_server_keeps_serving(stub, images):
+    err = rpc_error(stub.Predict, predict_request(jpegs=[images[0], b"\xff\xd8\xff garbage"]), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert predict_stub.Predict(predict_request(images[:1]), timeout=30).outputs["classid"].int64_val
+    assert stub.Predict(predict_request(jpegs=images[:1]), timeout=30).outputs["classid"].int64_val
 
 
-def test_ten_megabyte_image(predict_stub):
+def test_ten_megabyte_image(stub):
     noise = np.random.default_rng(3).integers(0, 256, (2400, 2400, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(noise).save(buffer, format="JPEG", quality=100)
     big = buffer.getvalue()
     assert len(big) > 10 * MB
-    response = predict_stub.Predict(predict_request([big]), timeout=60)
+    response = stub.Predict(predict_request(jpegs=[big]), timeout=60)
     assert tf.make_ndarray(response.outputs["probabilities"]).shape == (1, len(CLASSES))
 
 
-def test_deadline_exceeded_on_the_server(predict_stub, images, server):
+def test_deadline_exceeded_on_the_server(stub, images, server):
     started = time.monotonic()
-    err = rpc_error(predict_stub.Predict, predict_request(images[:1]), timeout=BATCH_TIMEOUT_S / 5)
+    err = rpc_error(stub.Predict, predict_request(jpegs=images[:1]), timeout=BATCH_TIMEOUT_S / 5)
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < BATCH_TIMEOUT_S
     # The server saw it too (not only the client's timer): its request count records the status.
@@ -178,7 +143,7 @@ def test_deadline_exceeded_on_the_server(predict_stub, images, server):
     assert 'status="DEADLINE_EXCEEDED"' in metrics
 
 
-def test_bytes_that_are_no_message_are_invalid_argument_not_internal(channel, predict_stub, images):
+def test_bytes_that_are_no_message_are_invalid_argument_not_internal(channel, stub, images):
     """A client that sends garbage (not a PredictRequest) gets INVALID_ARGUMENT, where grpcio's own deserializer
     answers INTERNAL "Exception deserializing request!"; the server keeps serving."""
     raw_predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
@@ -189,7 +154,7 @@ def test_bytes_that_are_no_message_are_invalid_argument_not_internal(channel, pr
     assert "not a valid message" in error.value.details()
     request = predict_pb2.PredictRequest(model_spec={"name": "flowers"})
     request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images[:1]))
-    assert predict_stub.Predict(request, timeout=30).outputs["probabilities"].tensor_shape.dim[0].size == 1
+    assert stub.Predict(request, timeout=30).outputs["probabilities"].tensor_shape.dim[0].size == 1
 
 
 def test_get_model_status(model_stub):
@@ -204,10 +169,10 @@ def test_get_model_status(model_stub):
     assert rpc_error(model_stub.GetModelStatus, request, timeout=30).code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_get_model_metadata(predict_stub):
+def test_get_model_metadata(stub):
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     request.model_spec.name = "flowers"
-    response = predict_stub.GetModelMetadata(request, timeout=30)
+    response = stub.GetModelMetadata(request, timeout=30)
     assert response.model_spec.version.value == 1
     signatures = get_model_metadata_pb2.SignatureDefMap()
     assert response.metadata["signature_def"].Unpack(signatures)
@@ -220,7 +185,7 @@ def test_get_model_metadata(predict_stub):
     images_input = signatures.signature_def["predict_images"].inputs["images"]
     assert [d.size for d in images_input.tensor_shape.dim] == [-1, IMAGE_SIZE, IMAGE_SIZE, 3]
     request.metadata_field[:] = ["something_else"]
-    assert rpc_error(predict_stub.GetModelMetadata, request, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_error(stub.GetModelMetadata, request, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def image_examples(images: list[bytes]) -> input_pb2.Input:
@@ -230,10 +195,10 @@ def image_examples(images: list[bytes]) -> input_pb2.Input:
         for image in images]))
 
 
-def test_classify_ranks_every_class(predict_stub, images, local_probabilities):
+def test_classify_ranks_every_class(stub, images, local_probabilities):
     request = classification_pb2.ClassificationRequest(input=image_examples(images))
     request.model_spec.name = "flowers"
-    response = predict_stub.Classify(request, timeout=30)
+    response = stub.Classify(request, timeout=30)
     assert response.model_spec.version.value == 1
     assert len(response.result.classifications) == len(images)
     for row, expected in zip(response.result.classifications, local_probabilities, strict=False):
@@ -245,38 +210,38 @@ def test_classify_ranks_every_class(predict_stub, images, local_probabilities):
         np.testing.assert_allclose(scores, [expected[CLASSES.index(label)] for label in labels], rtol=1e-5)
     empty = classification_pb2.ClassificationRequest()
     empty.model_spec.name = "flowers"
-    assert rpc_error(predict_stub.Classify, empty, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_error(stub.Classify, empty, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_regress_refuses_an_image_signature_and_multi_inference_classifies_images(predict_stub, images):
+def test_regress_refuses_an_image_signature_and_multi_inference_classifies_images(stub, images):
     request = regression_pb2.RegressionRequest(input=image_examples(images[:1]))
     request.model_spec.name = "flowers"
-    err = rpc_error(predict_stub.Regress, request, timeout=30)
+    err = rpc_error(stub.Regress, request, timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "Expected one output Tensor."
     request.model_spec.name = "nope"
-    assert rpc_error(predict_stub.Regress, request, timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    assert rpc_error(stub.Regress, request, timeout=30).code() == grpc.StatusCode.NOT_FOUND
     multi = inference_pb2.MultiInferenceRequest(input=image_examples(images[:2]))
     task = multi.tasks.add(method_name="tensorflow/serving/classify")
     task.model_spec.name = "flowers"
-    response = predict_stub.MultiInference(multi, timeout=30)
+    response = stub.MultiInference(multi, timeout=30)
     classify = classification_pb2.ClassificationRequest(input=image_examples(images[:2]))
     classify.model_spec.name = "flowers"
-    expected = predict_stub.Classify(classify, timeout=30).result
+    expected = stub.Classify(classify, timeout=30).result
     assert [r.classification_result for r in response.results] == [expected]
     assert response.results[0].model_spec.signature_name == "serving_default"
 
 
-def test_reload_config_loads_listed_and_unloads_omitted(model_stub, predict_stub, model_base, images):
+def test_reload_config_loads_listed_and_unloads_omitted(model_stub, stub, model_base, images):
     config = model_server_config_pb2.ModelServerConfig()
     for name in ("flowers", "second"):
         config.model_config_list.config.add(name=name, base_path=model_base, model_platform="tensorflow")
     model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
-    wait_until(lambda: predict_stub.Predict(predict_request(images[:1], name="second"), timeout=30))
+    wait_until(lambda: stub.Predict(predict_request("second", jpegs=images[:1]), timeout=30))
     del config.model_config_list.config[1]
     model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
-    wait_until(lambda: rpc_error(predict_stub.Predict, predict_request(images[:1], name="second"),
+    wait_until(lambda: rpc_error(stub.Predict, predict_request("second", jpegs=images[:1]),
                                  timeout=30).code() == grpc.StatusCode.NOT_FOUND)
-    assert predict_stub.Predict(predict_request(images[:1]), timeout=30).outputs["classid"].int64_val
+    assert stub.Predict(predict_request(jpegs=images[:1]), timeout=30).outputs["classid"].int64_val
 
 
 def wait_until(check, timeout: float = 30.0):

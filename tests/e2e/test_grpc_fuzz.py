@@ -43,7 +43,9 @@ from tensorflow_serving.apis import (
 )
 from tritonclient.grpc import service_pb2
 
-from server_harness import jpeg, reset_peak, run_server, status_kb, tiny_model_base, worker_pid
+from load_tests.pixel_flood import reset_peak, status_kb
+from server_harness import jpeg, run_server, tiny_model_base, worker_pid
+from serving.protocols.codec.v2_bytes import frame
 
 # Every answer must come within ANSWER_WITHIN_S, a speed claim: `make test` runs this module alone (serial), where
 # another test's server start-up cannot take the cores it is timed on.
@@ -365,11 +367,6 @@ def infer_parameters(draw, keys: list[str]) -> dict[str, service_pb2.InferParame
         kind = draw(st.sampled_from(sorted(PARAMETER_KINDS)))
         parameters[key] = service_pb2.InferParameter(**{kind: draw(PARAMETER_KINDS[kind])})
     return parameters
-
-
-def frame(items: list[bytes]) -> bytes:
-    """BYTES elements as tritonclient sends them: each one's 4-byte little-endian length, then its bytes."""
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
 @st.composite

@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 
 import grpc
+import numpy as np
 import pytest
 import requests
 import tensorflow as tf
@@ -22,12 +23,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
+from exported_models.tf_serving_models import half_plus_two
+from grpc_calls import predict_request
 from server_harness import b64, jpeg, run_server, tiny_model_base
-from tf_serving_models import half_plus_two
 
 TOKEN = "socket-test-token-0123456789"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -46,13 +47,6 @@ def server(tmp_path_factory):
                     "--worker_class=gthread") as srv:
         srv.socket_path = path
         yield srv
-
-
-def predict_request() -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg(seed=3)]))
-    return request
 
 
 def call_predict(target: str, **kwargs):
@@ -138,11 +132,9 @@ def test_one_worker_serves_the_socket_and_its_replacement_takes_it_over(server):
 
 def half_plus_two_predict(target: str, model: str):
     """tensorflow_model_server_test_client.py's request: x = [2.0]."""
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto([2.0], tf.float32))
     with grpc.insecure_channel(target) as channel:
-        return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+        return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+            predict_request(model, x=np.array([2.0], np.float32)), timeout=60)
 
 
 def test_servers_started_one_after_another_on_one_socket_path_all_serve_and_the_newest_owns_it(tmp_path):

@@ -1,5 +1,5 @@
 """KServe's Python SDK (the `kserve` package), a stock client Petal did not shape, against a real `petal serve` of the
-tiny image model and TF Serving's half_plus_two (tests/tf_serving_models.py): its REST client over V2 (server
+tiny image model and TF Serving's half_plus_two (exported_models/tf_serving_models.py): its REST client over V2 (server
 liveness and readiness, which it reads from the body, model readiness and infer) and V1 (TF Serving's predict),
 and its gRPC client's V2 infer, with binary tensors (raw contents) as the SDK sends them. The SDK runs in a process
 of its own (tests/kserve_sdk_calls.py says why)."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from exported_models.tf_serving_models import half_plus_two
 from kserve_sdk_calls import IMAGES
 from server_harness import ROOT, run_server, tiny_model_base
-from tf_serving_models import half_plus_two
 
 CALLS = os.path.join(ROOT, "tests", "kserve_sdk_calls.py")
 

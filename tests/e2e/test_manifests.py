@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 import requests
 
-import fresh_pod
 from deploy_files import kubernetes_objects, memory_bytes, pod_container, read_dockerfile
+from load_tests import fresh_pod
 from serving.memory import ESTIMATE_SLACK, HEADROOM
 
 # --- the real server -------------------------------------------------------------------------------------------
@@ -52,7 +52,8 @@ def test_a_fresh_pod_of_the_deployment_holds_a_pixel_flood_within_its_limit():
     cgroup never reaches the limit (no failed charge: the kernel never had to reclaim the pod's own pages) and
     nothing is OOM-killed; every request is answered 200, 503 or 504. Where a memory cgroup cannot be made (not
     root, no memory controller) it is skipped, saying why."""
-    from server_harness import flat_jpeg, flood, flood_requests, run_server
+    from load_tests.pixel_flood import flat_jpeg, flood, flood_requests
+    from server_harness import run_server
 
     reason = fresh_pod.unavailable()
     if reason:

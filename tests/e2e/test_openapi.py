@@ -16,8 +16,6 @@ tests/inprocess/test_http_inprocess.py checks that the served contract and the U
 """
 from __future__ import annotations
 
-import struct
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
@@ -32,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
 
 from server_harness import jpeg, run_server, tiny_model_base
 from serving.config import DEFAULT_METRICS_PATH
+from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import openapi
 
 MAX_EXAMPLES = 30
@@ -58,7 +57,7 @@ schemathesis.openapi.media_type("image/*", IMAGES, aliases=["image/jpeg", "image
 def triton_binary_request(image: bytes) -> bytes:
     """A V2 request in Triton's binary form without its header-length header: the server must refuse it as JSON
     that does not parse (a 400), whatever the bytes; the full binary path is covered in-process."""
-    return struct.pack("<I", len(image)) + image
+    return frame([image])
 
 
 schemathesis.openapi.media_type("application/octet-stream", IMAGES | IMAGES.map(triton_binary_request))

@@ -1,21 +1,17 @@
-"""perf_analyzer (Triton's load generator, which `make install` fetches) drives a real `petal serve` over
-KServe V2 HTTP, V2 gRPC and --service-kind=tfserving without an error, and over the V2 kinds reads the server's
-queue and compute times from Petal's statistics extension. The float model is TF Serving's TF1 half_plus_two
-(tests/tf_serving_models.py), which --service-kind=tfserving feeds x of shape [1] (`--shape x:1`) by tensor name.
-Short runs: a few dozen requests per kind."""
+"""perf_analyzer (Triton's load generator, which `make install` fetches: load_tests/perf_analyzer.py) drives a real
+`petal serve` over KServe V2 HTTP, V2 gRPC and --service-kind=tfserving without an error, and over the V2 kinds reads
+the server's queue and compute times from Petal's statistics extension. The float model is TF Serving's TF1
+half_plus_two (exported_models/tf_serving_models.py), which --service-kind=tfserving feeds x of shape [1]
+(`--shape x:1`) by tensor name. Short runs: a few dozen requests per kind."""
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 
-from server_harness import ROOT, jpeg, run_server, tiny_model_base
-from tf_serving_models import half_plus_two
-
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import perf_analyzer
+from exported_models.tf_serving_models import half_plus_two
+from load_tests import perf_analyzer
+from server_harness import jpeg, run_server, tiny_model_base
 
 REQUESTS = 40
 

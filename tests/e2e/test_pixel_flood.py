@@ -9,16 +9,8 @@ import time
 import pytest
 import requests
 
-from server_harness import (
-    flat_jpeg,
-    flood,
-    flood_requests,
-    reset_peak,
-    run_server,
-    status_kb,
-    tiny_model_base,
-    worker_pid,
-)
+from load_tests.pixel_flood import flat_jpeg, flood, flood_requests, reset_peak, status_kb
+from server_harness import run_server, tiny_model_base, worker_pid
 
 SIDE = 6000  # 36 Mpx: under the default --max_image_pixels
 MB = 2**20

@@ -14,7 +14,7 @@ import pytest
 import requests
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2
 
 from foreign_models import tf2_module
 from server_harness import run_server
@@ -42,12 +42,6 @@ def server(tmp_path_factory):
                       f'config {{ name: "defaults" base_path: "{root / "defaults"}" model_platform: "tensorflow" }} }}')
     with run_server(f"--model_config_file={config}", "--enable_batching") as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
 def predict(server, body: dict, model: str = "module") -> requests.Response:

@@ -8,8 +8,9 @@ import time
 import pytest
 import requests
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+from tensorflow_serving.apis import prediction_log_pb2
 
+from grpc_calls import predict_request
 from server_harness import b64, copy_model, jpeg, run_server
 
 WARMUP_RECORDS = 200
@@ -18,9 +19,7 @@ WARMUP_RECORDS = 200
 def write_warmup(version_dir: str, count: int) -> None:
     """Warmup records of 1024 px noise JPEGs: each takes milliseconds to decode on any machine, so the whole
     warmup lasts seconds and the first readiness probe reliably lands before it ends."""
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg(1024)], dtype=tf.string))
+    request = predict_request(jpegs=[jpeg(1024)])
     record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
     with tf.io.TFRecordWriter(os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")) as writer:
         for _ in range(count):

@@ -15,16 +15,15 @@ import time
 import grpc
 import pytest
 import requests
-import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 from tensorflow_serving.config import model_server_config_pb2
 
+from grpc_calls import predict_request, rpc_error
 from server_harness import copy_model, jpeg, run_server
 from serving.client import Client, RequestError, Security, ServerError
 from serving.flags import parse_args
@@ -84,13 +83,6 @@ def predict_body() -> dict:
     return {"instances": [{"b64": base64.b64encode(jpeg()).decode()}]}
 
 
-def predict_request() -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "flowers"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg()]))
-    return request
-
-
 def reload_request(*base_paths: str) -> model_management_pb2.ReloadConfigRequest:
     config = model_server_config_pb2.ModelServerConfig()
     for i, path in enumerate(base_paths):
@@ -105,12 +97,6 @@ def tls_channel(server, pki, with_certificate: bool = False) -> grpc.Channel:
         private_key=pki.client_key.read_bytes() if with_certificate else None,
         certificate_chain=pki.client_cert.read_bytes() if with_certificate else None)
     return grpc.secure_channel(server.grpc_target, credentials)
-
-
-def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 # --- REST ------------------------------------------------------------------------------------------------------
@@ -369,7 +355,7 @@ def test_loadtest_reaches_a_tls_and_token_server_over_rest_and_grpc(server, pki,
 
 
 def test_the_image_healthcheck_passes_on_a_tls_server(server):
-    from test_manifests import read_dockerfile
+    from deploy_files import read_dockerfile
 
     program = read_dockerfile().healthcheck[-1].replace(":8501/", f":{rest_address(server)[1]}/")
     assert subprocess.run([sys.executable, "-c", program], timeout=30, check=False).returncode == 0

@@ -21,15 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-import tensorflow as tf
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
 from exported_models.model_format import WarmupRequest, write_warmup
+from grpc_calls import predict_request
 from server_harness import copy_model, get_status, jpeg, run_server
 
 # 1000 warmup records (TF Serving's most) of six 128 px JPEGs: about 5 s of warmup on one idle core, while the
@@ -70,9 +69,7 @@ def post(url: str, body: dict) -> tuple[int, dict, float]:
 def predict(target: str) -> tuple[str, object]:
     """Predict and GetModelStatus at once, without waiting for the channel to be ready: the code of each and what
     they returned (the outputs' names, the version states)."""
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "slow"
-    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([jpeg(seed=1)]))
+    request = predict_request("slow", jpegs=[jpeg(seed=1)])
     with grpc.insecure_channel(target) as channel:
         try:
             outputs = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60).outputs

@@ -1,6 +1,6 @@
 """TF Serving's documented answers, from one `petal serve` serving TF Serving's own test models, rebuilt the way its
-generator builds them (tests/tf_serving_models.py), over REST, gRPC on TCP and gRPC on the Unix socket, called with
-TF Serving's stock `tensorflow_serving.apis` stubs.
+generator builds them (exported_models/tf_serving_models.py), over REST, gRPC on TCP and gRPC on the Unix socket,
+called with TF Serving's stock `tensorflow_serving.apis` stubs.
 
 The server reads a `--model_config_file` of these models, built in a temp folder:
 - `half_plus_two`: `saved_model_half_plus_two_2_versions`, the TF1 graph in the zero-padded folders 00000123 and
@@ -35,8 +35,9 @@ Expected values come from TF Serving's own documentation and tests (tensorflow/s
 - the error texts of `core/manager.h` (ServableRequest::DebugString), `model_servers/server_core.cc` (labels, a
   ModelSpec without a name), `model_servers/get_model_status_impl.cc`, `servables/tensorflow/
   get_model_metadata_impl.cc`, `servables/tensorflow/predict_util.cc` and `model_servers/http_rest_api_handler.cc`
-  (unknown signatures), and TensorFlow's Session for a fed tensor of another dtype, with
-  `model_servers/http_server.cc`'s ToHTTPStatusCode for the HTTP status of each code.
+  (unknown signatures), and TensorFlow's Session for a fed tensor of another dtype; over REST, each code's HTTP
+  status as `model_servers/http_server.cc`'s ToHTTPStatusCode gives it (serving/status_codes.py, held to the table
+  of docs/protocols.md by tests/unit/test_shared_client_helpers.py).
 """
 from __future__ import annotations
 
@@ -63,16 +64,15 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-import tf_serving_models
+from exported_models import tf_serving_models
 from foreign_models import example, keras_export
 from server_harness import run_server
+from serving.status_codes import Code
 
 TIMEOUT = 60
 TRANSPORTS = ("rest", "grpc_tcp", "grpc_unix")
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
-# model_servers/http_server.cc ToHTTPStatusCode, for the codes these tests meet
-HTTP_STATUS = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "NOT_FOUND": 404}
 F32 = np.float32
 HPT, H3, TF2, TFLITE, KERAS = ("half_plus_two", "half_plus_three", "half_plus_two_tf2", "half_plus_two_tflite",
                                "keras_export")
@@ -300,7 +300,7 @@ def refused(client, call, *args) -> tuple[int | str, str]:
 
 
 def expected_status(client, code: str) -> int | str:
-    return HTTP_STATUS[code] if isinstance(client, RestClient) else code
+    return Code[code].http_status if isinstance(client, RestClient) else code
 
 
 # --- model status -----------------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import requests
 import tensorflow as tf
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from foreign_models import tf2_module
+from grpc_calls import predict_request
 from server_harness import in_process_core, jpeg, run_server, tiny_model_base
 from tls_certs import make_pki
 
@@ -71,7 +72,7 @@ def http_client(server, pki):
 
 
 @pytest.fixture(scope="module")
-def stub(server, pki):
+def v2_stub(server, pki):
     """The bare generated stub, for requests tritonclient never sends (typed contents, broken framing)."""
     channel = grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(pki.ca_cert.read_bytes()))
     yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -173,17 +174,17 @@ def test_grpc_classification_extension(grpc_client):
     assert all(len(entry.split(b":")) == 3 for entry in top)  # score:index:label
 
 
-def test_typed_contents_equal_raw_contents(stub, grpc_client):
+def test_typed_contents_equal_raw_contents(v2_stub, grpc_client):
     """tritonclient always sends raw bytes; other V2 clients send typed contents."""
     request = service_pb2.ModelInferRequest(model_name="half")
     tensor = request.inputs.add(name="x", datatype="FP32", shape=[3])
     tensor.contents.fp32_contents.extend([1.0, 2.0, 3.0])
-    response = stub.ModelInfer(request, metadata=tuple(bearer().items()))
+    response = v2_stub.ModelInfer(request, metadata=tuple(bearer().items()))
     assert response.outputs[0].name == "y" and list(response.outputs[0].shape) == [3]
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<f4"), [2.5, 3.0, 3.5])
     images = service_pb2.ModelInferRequest(model_name="flowers")
     images.inputs.add(name="image_bytes", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(IMAGES[:2])
-    typed = stub.ModelInfer(images, metadata=tuple(bearer().items()))
+    typed = v2_stub.ModelInfer(images, metadata=tuple(bearer().items()))
     raw = grpc_client.infer("flowers", [image_input(grpcclient, IMAGES[:2])], headers=bearer())
     index = [o.name for o in typed.outputs].index("probabilities")
     np.testing.assert_allclose(np.frombuffer(typed.raw_output_contents[index], "<f4").reshape(2, 5),
@@ -212,63 +213,60 @@ def raw_request(model: str, name: str, datatype: str, shape: list[int], raw: byt
      "one per input"),
     (service_pb2.ModelInferRequest(model_name="half"), "INVALID_ARGUMENT", "at least one input"),
 ])
-def test_grpc_bad_requests_get_the_right_code(stub, request_, code, words):
+def test_grpc_bad_requests_get_the_right_code(v2_stub, request_, code, words):
     if code == "OK":
-        assert stub.ModelInfer(request_, metadata=tuple(bearer().items())).outputs[0].datatype == "FP32"
+        assert v2_stub.ModelInfer(request_, metadata=tuple(bearer().items())).outputs[0].datatype == "FP32"
         return
-    error = call_error(stub.ModelInfer, request_)
+    error = call_error(v2_stub.ModelInfer, request_)
     assert error.code().name == code and words in error.details()
 
 
-def test_a_message_past_the_grpc_limit_is_refused(stub):
+def test_a_message_past_the_grpc_limit_is_refused(v2_stub):
     request = raw_request("flowers", "image_bytes", "BYTES", [1], struct.pack("<I", MAX_MESSAGE_BYTES) +
                           b"\0" * MAX_MESSAGE_BYTES)
-    assert call_error(stub.ModelInfer, request).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert call_error(v2_stub.ModelInfer, request).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_typed_contents_are_checked_against_the_shape(stub):
+def test_typed_contents_are_checked_against_the_shape(v2_stub):
     request = service_pb2.ModelInferRequest(model_name="half")
     request.inputs.add(name="x", datatype="FP32", shape=[4]).contents.fp32_contents.extend([1.0, 2.0])
-    assert "do not match shape" in call_error(stub.ModelInfer, request).details()
+    assert "do not match shape" in call_error(v2_stub.ModelInfer, request).details()
     request = service_pb2.ModelInferRequest(model_name="half")
     request.inputs.add(name="x", datatype="FP16", shape=[1])
-    assert "raw_input_contents only" in call_error(stub.ModelInfer, request).details()
+    assert "raw_input_contents only" in call_error(v2_stub.ModelInfer, request).details()
 
 
-def test_v2_grpc_needs_the_token_except_the_server_probes(stub, server):
+def test_v2_grpc_needs_the_token_except_the_server_probes(v2_stub, server):
     with pytest.raises(grpc.RpcError) as info:
-        stub.ModelInfer(raw_request("half", "x", "FP32", [1], b"\0" * 4))
+        v2_stub.ModelInfer(raw_request("half", "x", "FP32", [1], b"\0" * 4))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    for method in (stub.ModelConfig, stub.ModelStatistics, stub.ModelMetadata):
+    for method in (v2_stub.ModelConfig, v2_stub.ModelStatistics, v2_stub.ModelMetadata):
         with pytest.raises(grpc.RpcError) as info:
-            method(service_pb2.ModelConfigRequest(name="half") if method == stub.ModelConfig else
-                   service_pb2.ModelStatisticsRequest(name="half") if method == stub.ModelStatistics else
+            method(service_pb2.ModelConfigRequest(name="half") if method == v2_stub.ModelConfig else
+                   service_pb2.ModelStatisticsRequest(name="half") if method == v2_stub.ModelStatistics else
                    service_pb2.ModelMetadataRequest(name="half"))
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
-    assert stub.ServerReady(service_pb2.ServerReadyRequest()).ready
-    stub.ModelInfer(raw_request("half", "x", "FP32", [1], b"\0" * 4), metadata=tuple(bearer().items()))
+    assert v2_stub.ServerLive(service_pb2.ServerLiveRequest()).live
+    assert v2_stub.ServerReady(service_pb2.ServerReadyRequest()).ready
+    v2_stub.ModelInfer(raw_request("half", "x", "FP32", [1], b"\0" * 4), metadata=tuple(bearer().items()))
     lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
     infers = [line for line in lines if line.get("path") == "/inference.GRPCInferenceService/ModelInfer"
               and line.get("model") == "half"]
     assert infers and {line["status"] for line in infers} >= {"OK", "UNAUTHENTICATED"}
 
 
-def test_unimplemented_extensions_say_so(stub):
-    error = call_error(stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
+def test_unimplemented_extensions_say_so(v2_stub):
+    error = call_error(v2_stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-    error = call_error(stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest())
+    error = call_error(v2_stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest())
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_grpc_calls_without_a_deadline_are_served(server, pki):
     """tritonclient and perf_analyzer set no deadline; TF Serving's stub may not either."""
     channel = grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(pki.ca_cert.read_bytes()))
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "half"
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([2.0], np.float32)))
-    response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request,
-                                                                                  metadata=tuple(bearer().items()))
+    response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+        predict_request("half", x=np.array([2.0], np.float32)), metadata=tuple(bearer().items()))
     assert tf.make_ndarray(response.outputs["y"]).tolist() == [3.0]
     channel.close()
 

@@ -58,11 +58,11 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(stub) -> Iterator[Server]:
+def server(stub_site) -> Iterator[Server]:
     """`petal serve` on the default model, with a body limit small enough that a test can exceed it, allowing
     pages from the stub's origin to call it."""
     with run_server("--port=0", f"--max_request_bytes={MAX_REQUEST_BYTES}",
-                    f"--cors_allowed_origins={stub[0]}") as server:
+                    f"--cors_allowed_origins={stub_site[0]}") as server:
         yield server
 
 
@@ -256,7 +256,7 @@ def stub_app(seen: list[str]) -> flask.Flask:
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[tuple[str, list[str]]]:
+def stub_site() -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
     http = make_server("127.0.0.1", 0, stub_app(seen), threaded=True)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
@@ -268,8 +268,8 @@ def stub() -> Iterator[tuple[str, list[str]]]:
         thread.join()
 
 
-def test_a_401_asks_for_a_token_kept_only_in_session_storage_and_sent_on_every_call(browser, stub):
-    url, seen = stub
+def test_a_401_asks_for_a_token_kept_only_in_session_storage_and_sent_on_every_call(browser, stub_site):
+    url, seen = stub_site
     page = open_page(browser, url)
     try:
         page.goto(url + "/")
@@ -301,8 +301,8 @@ def test_a_401_asks_for_a_token_kept_only_in_session_storage_and_sent_on_every_c
         page.context.close()
 
 
-def test_docs_render_a_spec_offline(browser, stub):
-    url, _ = stub
+def test_docs_render_a_spec_offline(browser, stub_site):
+    url, _ = stub_site
     page = open_page(browser, url)
     try:
         page.goto(url + web.DOCS_URL)
@@ -326,12 +326,12 @@ CROSS_ORIGIN_CLASSIFY = """async ([url, bytes]) => {
 
 @pytest.mark.parametrize("host, answer", [("127.0.0.1", 5), ("localhost", "TypeError: Failed to fetch")],
                          ids=["allowed", "refused"])
-def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, server, stub, host, answer):
+def test_a_page_on_another_origin_calls_the_api_only_when_allowed(browser, server, stub_site, host, answer):
     """The server allows the stub's origin; the same stub named `localhost` is another origin, not allowed."""
     context = browser.new_context()
     try:
         page = context.new_page()
-        page.goto(stub[0].replace("127.0.0.1", host) + "/elsewhere")
+        page.goto(stub_site[0].replace("127.0.0.1", host) + "/elsewhere")
         url = f"{server.rest_url}/v1/models/flowers:classify_image?top_k=5"
         assert page.evaluate(CROSS_ORIGIN_CLASSIFY, [url, list(ROSE)]) == answer
     finally:

@@ -14,13 +14,14 @@ from serving import tensorflow_runtime
 from serving.flags import parse_args
 from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
-import tf_serving_models, numpy as np
+import numpy as np
+from exported_models import tf_serving_models
 from tensorflow.python.eager import context
 
 tensorflow_runtime.configure_tensorflow(parse_args(sys.argv[1:]))
 version = tf_serving_models.half_plus_two(sys.argv[-1].split("=", 1)[1] + "_tf1/1")  # TF Serving's TF1 test model
 servable = Servable("m", 1, version, LoadOptions())
-y = servable.run("serving_default", {"x": np.array([2.0], np.float32)}, ["y"])["y"]
+y = servable.run("serving_default", {"x": np.array([2.0], np.float32)})["y"]
 assert y.tolist() == [3.0]  # y = x / 2 + 2
 session = servable._loaded._session  # the TF1 Session the model runs in
 eager = context.context().config
@@ -34,7 +35,7 @@ print(json.dumps({
 
 def probe(tmp_path, *flags: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])}
+           "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-c", PROBE, *flags, "--tensorflow_thread_nice=0",
                           f"--model_base_path={tmp_path}/m"], capture_output=True, text=True, timeout=120, env=env,
                          cwd=ROOT)

@@ -13,6 +13,7 @@ import tracemalloc
 import pytest
 
 from server_harness import jpeg, tiny_model_base
+from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest.app import create_app
 
 INFER = "/v2/models/flowers/infer"
@@ -41,10 +42,6 @@ def strings(shape: list, **fields) -> dict:
     return {"name": "image_bytes", "datatype": "BYTES", "shape": shape, **fields}
 
 
-def prefixed(*items: bytes) -> bytes:
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
-
-
 LIES = [
     ("a billion BYTES, one sent", plain(strings([1_000_000_000], data=["eA=="])),
      "1 elements do not match shape [1000000000]"),
@@ -59,9 +56,9 @@ LIES = [
     ("65 dimensions", plain(strings([1] * 65, data=["eA=="])), "shape has 65 dimensions, more than 64"),
     ("a negative dimension", plain(strings([-1], data=["eA=="])), "Expected `int` >= 0 - at `$.inputs[0].shape[0]`"),
     ("binary_data_size past the body", binary(strings([1], parameters={"binary_data_size": 1 << 40}),
-                                              prefixed(JPEG)), f"binary_data_size {1 << 40} exceeds the binary data"),
+                                              frame([JPEG])), f"binary_data_size {1 << 40} exceeds the binary data"),
     ("more BYTES elements than the shape", binary(strings([1], parameters={"binary_data_size": 4000}),
-                                                  prefixed(*[b""] * 1000)),
+                                                  frame([b""] * 1000)),
      "the binary data holds more than the 1 BYTES elements of its shape"),
     ("a BYTES length prefix past the data", binary(strings([1], parameters={"binary_data_size": 8}),
                                                    struct.pack("<I", 0xFFFFFFFF) + b"abcd"),
@@ -87,7 +84,7 @@ def test_a_v2_request_whose_sizes_lie_is_refused_at_once(client, request_kwargs,
 
 def test_a_v2_request_whose_sizes_agree_still_predicts(client):
     response = client.post(INFER, **binary(strings([2], parameters={"binary_data_size": 2 * (len(JPEG) + 4)}),
-                                           prefixed(JPEG, JPEG)))
+                                           frame([JPEG, JPEG])))
     assert response.status_code == 200, response.get_data(as_text=True)
     shapes = {o["name"]: o["shape"] for o in response.get_json()["outputs"]}
     assert shapes["classid"] == [2]

@@ -1,5 +1,6 @@
 """tf.Example requests in process, without a server: Classify, Regress and MultiInference warmup records replayed
-on TF Serving's TF1 half_plus_two (tests/tf_serving_models.py), and serialized examples that count no pixels."""
+on TF Serving's TF1 half_plus_two (exported_models/tf_serving_models.py), and serialized examples that count no
+pixels."""
 from __future__ import annotations
 
 import os
@@ -10,13 +11,13 @@ import tensorflow as tf
 from tensorflow_serving.apis import classification_pb2, prediction_log_pb2, regression_pb2
 
 from exported_models.model_format import WARMUP_FILE
+from exported_models.tf_serving_models import half_plus_two
 from foreign_models import example, examples_input, multi_request
 from serving.core import ServingError
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, serialized_examples
 from serving.core.images import check_pixels
 from serving.core.servable import Servable
 from serving.metrics import Metrics
-from tf_serving_models import half_plus_two
 
 
 def write_warmup(version_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> None:

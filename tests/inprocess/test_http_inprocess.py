@@ -24,6 +24,7 @@ from server_harness import LABELS, b64, tiny_model_base
 from serving.config import ProtocolOptions
 from serving.core import Code, ServingError
 from serving.protocols.codec.tfserving_json import predict_response, to_json
+from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import httputil, web
 from serving.protocols.rest.app import create_app
 from serving.protocols.rest.openapi import contract
@@ -95,11 +96,6 @@ def raw(data: bytes, content_type: str = "application/json", **headers) -> dict:
 
 def b64s(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def length_prefixed(*items: bytes) -> bytes:
-    """BYTES elements as Triton's binary extension sends them: a 4-byte little-endian length, then the bytes."""
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
 def binary_request(header: dict, tail: bytes, header_length: str | None = None) -> dict:
@@ -605,7 +601,7 @@ def test_v2_infer_id_of_any_json_type_is_echoed_and_absent_id_is_not_invented(cl
 
 
 def test_v2_infer_binary_extension_in_and_out(client, reference):
-    tail = length_prefixed(JPEG, JPEG2)
+    tail = frame([JPEG, JPEG2])
     header = {"inputs": [{"name": "image_bytes", "shape": [2], "datatype": "BYTES",
                           "parameters": {"binary_data_size": len(tail)}}],
               "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}},
@@ -621,7 +617,7 @@ def test_v2_infer_binary_extension_in_and_out(client, reference):
     np.testing.assert_allclose(np.frombuffer(data[:size], "<f4").reshape(2, -1), reference, rtol=1e-5)
     classes = data[size:]
     assert len(classes) == outputs["class"]["parameters"]["binary_data_size"]
-    assert classes == length_prefixed(*(LABELS[i].encode() for i in outputs["classid"]["data"]))
+    assert classes == frame(LABELS[i].encode() for i in outputs["classid"]["data"])
 
 
 def test_v2_infer_binary_output_for_all(client, reference):
@@ -727,23 +723,23 @@ V2_ERRORS = [
         {"name": "probabilities", "parameters": {"classification": True}}]}}, 400,
      "JSON Value error: Expected `int`, got `bool` - at `$.outputs[0].parameters.classification`$"),
     ("binary_data_size true", binary_request(
-        {"inputs": [{**BIN_HEADER["inputs"][0], "parameters": {"binary_data_size": True}}]}, length_prefixed(JPEG)),
+        {"inputs": [{**BIN_HEADER["inputs"][0], "parameters": {"binary_data_size": True}}]}, frame([JPEG])),
      400, "JSON Value error: Expected `int`, got `bool` - at `$.inputs[0].parameters.binary_data_size`$"),
     ("request parameters a list", {"json": {"inputs": [bytes_spec()], "parameters": [1]}}, 400,
      "JSON Value error: Expected `object`, got `array` - at `$.parameters`$"),
-    ("header length past the body", binary_request(BIN_HEADER, length_prefixed(JPEG), "999999"), 400,
+    ("header length past the body", binary_request(BIN_HEADER, frame([JPEG]), "999999"), 400,
      f"{HEADER_LENGTH} '999999' does not fit a"),
-    ("header length not a number", binary_request(BIN_HEADER, length_prefixed(JPEG), "12a"), 400,
+    ("header length not a number", binary_request(BIN_HEADER, frame([JPEG]), "12a"), 400,
      f"{HEADER_LENGTH} '12a' does not fit a"),
-    ("header length negative", binary_request(BIN_HEADER, length_prefixed(JPEG), "-1"), 400,
+    ("header length negative", binary_request(BIN_HEADER, frame([JPEG]), "-1"), 400,
      f"{HEADER_LENGTH} '-1' does not fit a"),
-    ("header length unicode digit", binary_request(BIN_HEADER, length_prefixed(JPEG), "\u00b2"), 400,
+    ("header length unicode digit", binary_request(BIN_HEADER, frame([JPEG]), "\u00b2"), 400,
      f"{HEADER_LENGTH} '\u00b2' does not fit a"),
-    ("header length zero", binary_request(BIN_HEADER, length_prefixed(JPEG), "0"), 400,
+    ("header length zero", binary_request(BIN_HEADER, frame([JPEG]), "0"), 400,
      "JSON Parse error: The document is empty$"),
-    ("header length cuts the JSON", binary_request(BIN_HEADER, length_prefixed(JPEG), "10"), 400,
+    ("header length cuts the JSON", binary_request(BIN_HEADER, frame([JPEG]), "10"), 400,
      "JSON Parse error: "),
-    ("binary size past the tail", binary_request(BIN_HEADER, length_prefixed(JPEG)[:-1]), 400,
+    ("binary size past the tail", binary_request(BIN_HEADER, frame([JPEG])[:-1]), 400,
      f"Input 'image_bytes': binary_data_size {len(JPEG) + 4} exceeds the binary data sent$"),
     ("binary without the header", {"json": BIN_HEADER}, 400, "exceeds the binary data sent"),
     ("truncated element length", binary_request(

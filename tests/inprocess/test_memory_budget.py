@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import struct
 import threading
 import time
 
@@ -21,6 +20,7 @@ from serving.flags import parse_args
 from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB, resolve_memory_budget
 from serving.metrics import Metrics
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest.app import create_app
 
 PREDICT = "/v1/models/flowers:predict"
@@ -247,7 +247,7 @@ def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_
     """Two-byte BYTES elements are 6 bytes on the wire and about 40 decoded: the hold grows by the objects before
     the body is split into them, so a body well inside the budget that would decode past it is a 413."""
     count = core.memory.body_limit // STRING_ELEMENT_BYTES + 1
-    raw = b"".join(struct.pack("<I", 2) + b"ab" for _ in range(count))
+    raw = frame([b"ab"] * count)
     assert len(raw) * BODY_BYTES_FACTOR < core.memory.body_limit, "the body alone fits"
     header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [count], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(raw)}}]}).encode()

@@ -6,10 +6,10 @@ ServingError(INVALID_ARGUMENT). Nothing else may escape: a TypeError here is a 5
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
@@ -17,7 +17,7 @@ from tensorflow_serving.apis import input_pb2
 from tritonclient.grpc import service_pb2
 
 from serving.core import Code, PredictResult, ServingError, SignatureInfo, TensorInfo, coerce
-from serving.protocols.codec import tensor_proto, tfserving_json, v2_grpc, v2_json
+from serving.protocols.codec import tensor_proto, tfserving_json, v2_bytes, v2_grpc, v2_json
 from serving.protocols.codec.strict_json import no_charge
 from serving.protocols.codec.v2_tensors import NUMPY_TYPES
 
@@ -159,8 +159,7 @@ V2_HEADERS = st.fixed_dictionaries({"inputs": st.lists(v2_inputs(), min_size=1, 
                                                       "binary_data_output": st.booleans(),
                                                       "signature_name": st.just("s")})})
 # A binary tail: BYTES elements whose length prefixes may lie, or any bytes.
-TAILS = st.lists(st.binary(max_size=6).map(lambda b: struct.pack("<I", len(b)) + b), max_size=3).map(b"".join) | \
-    st.binary(max_size=24)
+TAILS = st.lists(st.binary(max_size=6), max_size=3).map(v2_bytes.frame) | st.binary(max_size=24)
 
 
 @settings(SETTINGS, max_examples=400)
@@ -179,6 +178,20 @@ def test_v2_requests_with_any_header_tail_and_header_length(header, tail, choice
         checked_by_the_dataplane(request.inputs, SIGNATURES[1])
         outputs = {"x": np.array([[0.5, 0.25]], np.float32), "z": np.array([b"\xff"], dtype=object)}
         decodes_or_is_invalid(v2_json.encode_response, request, PredictResult("m", 1, "s", outputs, ["a"]))
+
+
+@SETTINGS
+@given(items=st.lists(st.binary(max_size=8), max_size=5), spare=st.integers(0, 2))
+def test_bytes_framing_gives_back_what_it_framed_and_never_more_than_declared(items, spare):
+    """The one framing (serving/protocols/codec/v2_bytes.py), both ways: what a client frames, the server reads
+    back element for element; a count one short of the elements framed is refused, not outgrown."""
+    raw = v2_bytes.frame(items)
+    assert v2_bytes.unframe(raw, len(items) + spare) == items
+    if items:
+        with pytest.raises(v2_bytes.FramingError):
+            v2_bytes.unframe(raw, len(items) - 1)
+        with pytest.raises(v2_bytes.FramingError):
+            v2_bytes.unframe(raw[:-1], len(items))  # cut inside the last element or its length
 
 
 # --- protos ------------------------------------------------------------------------------------------------------

@@ -3,14 +3,13 @@ the limit (--grpc_max_message_bytes) in all, counted as TF Serving's Predict cou
 decoded. Without it, a 60 MB message of two-byte BYTES elements took a worker 27 s and 1 GiB."""
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
 from serving.core import Code, ServingError
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
+from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.codec.v2_grpc import request_inputs
 
 
@@ -18,7 +17,7 @@ def bytes_request(count: int, raw: bool) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype="BYTES", shape=[count])
     if raw:
-        request.raw_input_contents.append((struct.pack("<I", 2) + b"ab") * count)
+        request.raw_input_contents.append(frame([b"ab"] * count))
     else:
         tensor.contents.bytes_contents.extend([b"ab"] * count)
     return request

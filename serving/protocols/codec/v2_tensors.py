@@ -1,16 +1,16 @@
 """What KServe V2's two wire formats (JSON with Triton's binary extension over REST, Triton's protos over gRPC) share
 about tensors: the datatypes, the declared element count checked before anything is allocated, the binary form
-(little-endian numbers; BYTES as 4-byte little-endian lengths, each followed by its bytes) and Triton's
+(little-endian numbers; BYTES framed as `v2_bytes` frames them) and Triton's
 classification extension.
 """
 from __future__ import annotations
 
 import math
-import struct
 
 import numpy as np
 
 from serving.core import NUMPY_DTYPES, Code, ServingError, invalid
+from serving.protocols.codec import v2_bytes
 from serving.protocols.codec.tensor_proto import element_count
 
 # TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
@@ -28,30 +28,14 @@ def declared_count(name: str, datatype: str, shape: list[int]) -> int:
     return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
 
 
-def decode_length_prefixed(raw: bytes | memoryview, name: str, count: int) -> list[bytes]:
-    """BYTES elements as Triton serializes them: 4-byte little-endian length, then the bytes; never more than the
-    `count` the shape declares, so a tail of empty elements cannot become more objects than the request claimed."""
-    items: list[bytes] = []
-    offset = 0
-    while offset < len(raw):
-        if len(items) == count:
-            raise invalid(f"Input {name!r}: the binary data holds more than the {count} BYTES elements of its shape")
-        if offset + 4 > len(raw):
-            raise invalid(f"Input {name!r}: truncated BYTES element length")
-        (size,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        if offset + size > len(raw):
-            raise invalid(f"Input {name!r}: BYTES element of {size} bytes overruns the binary data")
-        items.append(bytes(raw[offset:offset + size]))
-        offset += size
-    return items
-
-
 def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
     """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
     array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
     if datatype == "BYTES":
-        return np.array(decode_length_prefixed(raw, name, count), dtype=object)
+        try:
+            return np.array(v2_bytes.unframe(raw, count), dtype=object)
+        except v2_bytes.FramingError as error:
+            raise invalid(f"Input {name!r}: {error}") from None
     dtype = np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
@@ -70,8 +54,7 @@ def datatype_of(array: np.ndarray) -> str:
 def binary_data(array: np.ndarray) -> bytes:
     if datatype_of(array) != "BYTES":
         return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()  # tobytes writes C order
-    items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
-    return b"".join(struct.pack("<I", len(v)) + v for v in items)
+    return v2_bytes.frame(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
 
 
 def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:

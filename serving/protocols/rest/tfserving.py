@@ -10,7 +10,6 @@ and its tensors are read for the signature once it is.
 """
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,9 +24,6 @@ from serving.protocols.codec.text import ascii_int, parse_version
 from serving.protocols.rest.admission import charge_of
 from serving.protocols.rest.httputil import json_response, request_body
 
-logger = logging.getLogger(__name__)
-
-_V1_WORDS = ("models", "versions", "labels", "metadata")
 DEFAULT_TOP_K = 5
 
 

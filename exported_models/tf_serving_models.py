@@ -1,6 +1,9 @@
-"""TF Serving's own test models, rebuilt at test time from the facts of TF Serving's generator
+"""TF Serving's own test models, rebuilt when asked for from the facts of TF Serving's generator
 (`tensorflow_serving/servables/tensorflow/testdata/saved_model_half_plus_two.py`), so that Petal is tried on the
-models TF Serving's tests and documentation use, not on models shaped to fit Petal.
+models TF Serving's tests and documentation use, not on models shaped to fit Petal. The tests, the benchmarks
+(perf_analyzer's float model, the Session callable's cost) and anyone trying Petal the way TF Serving's tutorial
+does (`half_plus_two("/tmp/half_plus_two/1")`, then `petal serve --model_base_path=/tmp/half_plus_two`) build
+them here.
 
 - `half_plus_two`: the TF1 graph (`saved_model_half_plus_two_cpu`). A `tf_example` string placeholder of shape
   [None] is parsed (`parse_example`, features `x` and `x2`, `x2` defaulting to 0); `x` is an identity of the parsed
