@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that insta
 # a module set to None in sys.modules makes that import fail, which TensorFlow expects of an absent Keras. Measured
 # with the test extras installed: TensorFlow's import 2.7 -> 1.9 s and a serving worker 49 MB smaller.
 WITHOUT_KERAS = {"serve", "predict", "batch"}
+# Commands whose module imports TensorFlow here (`petal serve` imports it in its workers only): it is imported first,
+# without its C++ start-up lines (serving/tensorflow_logs.py).
+IMPORT_TENSORFLOW = {"predict", "batch"}
 # Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
 EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
 
@@ -45,7 +48,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(verbose: bool) -> None:
-    """Quiet by default: warnings only, and TensorFlow's C++ chatter off unless asked for.
+    """Quiet by default: warnings only, and TensorFlow's C++ chatter off unless asked for (TF_CPP_MIN_LOG_LEVEL,
+    which serving/tensorflow_logs.py also applies to the lines TensorFlow prints as it is imported).
 
     Long jobs report progress on the `petal.progress` logger, which stays at INFO either way: a conversion or
     batch job that runs for an hour must show it is alive without turning on every library's INFO logs.
@@ -77,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in WITHOUT_KERAS:
         sys.modules.setdefault("keras", None)  # type: ignore[arg-type]  # None blocks the import
     try:
+        if argv[0] in IMPORT_TENSORFLOW:
+            from serving.tensorflow_logs import import_tensorflow
+
+            import_tensorflow()
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in EXTRA_PACKAGES:

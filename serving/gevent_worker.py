@@ -211,9 +211,9 @@ class PetalGeventWorker(GeventWorker):
         finally:
             self._open -= 1
 
-    def handle_exit(self, sig, frame) -> None:
-        """SIGTERM: requests in flight finish (their connections then close), idle keep-alive connections close now."""
-        super().handle_exit(sig, frame)
+    def close_idle_connections(self) -> None:
+        """Part of the worker's drain (serving/worker.py `Worker.drain`): keep-alive connections waiting for a next
+        request close now; those with a request in flight close once it is answered."""
         for sock in list(self._clients):
             sock.close_if_idle()
 

@@ -1,8 +1,18 @@
-"""One serving worker process: how TensorFlow runs in it (threads, spin-waits, GPU memory), its DataPlane, and the
-watch on --model_config_file.
+"""One serving worker process's life, owned by one `Worker`, as TF Serving's ServerCore owns its server's: start,
+the initial load, the ports, reloads, the drain and the exit.
 
-The gunicorn app (serving/server.py) calls `create_core` once per worker after the fork; everything that needs the
-worker's core later (gRPC, signal handlers) asks `current()`.
+gunicorn forks the worker processes; in each, serving/server.py's gunicorn hooks and its SIGTERM handler call the
+process's `Worker` and nothing else:
+
+- `start` (gunicorn loading the app): TensorFlow's runtime set up (serving/tensorflow_runtime.py), the DataPlane
+  built on the model config the options hold, its initial load begun in the background, the watches on
+  --model_config_file and on what a sibling's reload RPC publishes; it returns the REST app.
+- `serve` (gunicorn's post_worker_init): with several workers, the load waited for before the REST port accepts;
+  gRPC opened once the load is over (serving/core/startup.py), and the line that says the server is ready.
+- `reload`: the reload RPC and the watches apply a config through it; with several workers it is passed on.
+- `drain` (SIGTERM): readiness false, gRPC refuses new RPCs and lets running ones finish within
+  --graceful_timeout, and the REST port stops accepting while its requests in flight finish.
+- `exit` (gunicorn's worker_exit): gRPC stopped, the DataPlane closed.
 """
 from __future__ import annotations
 
@@ -12,163 +22,234 @@ import logging
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
 from google.protobuf import text_format
-from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.eager import context
+from gunicorn.arbiter import Arbiter
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config import (
-    DataPlaneOptions,
-    ServerOptions,
-    budget_after_load,
-    measures_memory_budget,
-    read_model_config,
-    resolve_memory_budget,
-)
-from serving.core import DataPlane, ServingError
-from serving.cpus import available_cores
+from serving.config import ServerOptions, bind_address
+from serving.config_files import read_model_config
+from serving.core import DataPlane, ServingError, Startup, VersionState
+from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget
+from serving.protocols.grpc_api import server as grpc_server
+from serving.protocols.rest.app import create_app
+from serving.tensorflow_runtime import configure_tensorflow
+
+if TYPE_CHECKING:
+    import grpc
+    from flask import Flask
 
 logger = logging.getLogger(__name__)
 
 RELOAD_FILE = "model_config.pbtxt"
 RELOAD_POLL_S = 0.5
-
-_current: DataPlane | None = None
-
-
-def current() -> DataPlane:
-    """This process's core (created by `create_core` in the gunicorn worker)."""
-    if _current is None:
-        raise RuntimeError("no serving core in this process; call create_core first")
-    return _current
+STARTED_DIR = "started"  # in the server's runtime folder: a file per worker whose initial load is over
+ANNOUNCED_FILE = "announced"  # made by the one worker that says the server is ready
+READY_POLL_S = 1.0
 
 
-def intra_op_threads(options: ServerOptions, cores: int) -> int:
-    """Split the cores between everything that runs the model at once: each worker's batch threads (or, without
-    batching, the worker itself). A pool per caller as large as the machine only spins: for the default model,
-    one intra-op thread per batch thread gives 1.2-1.3x the images/s of TensorFlow's default on photos at 0.9x
-    the CPU."""
-    dataplane = options.dataplane
-    callers = options.process.workers * (dataplane.batching.num_batch_threads if dataplane.enable_batching else 1)
-    return dataplane.tensorflow_intra_op_parallelism or max(1, cores // callers)
+def serves_grpc(options: ServerOptions) -> bool:
+    return bool(options.protocols.port or options.protocols.grpc_socket_path)
 
 
-def session_config(dataplane: DataPlaneOptions) -> config_pb2.ConfigProto:
-    """What TensorFlow reads only from the ConfigProto its runtime starts with, as tensorflow_model_server puts it
-    in its session config: whether idle pool threads spin-wait (--tensorflow_thread_spinning) and the share of each
-    GPU's memory the process takes (--per_process_gpu_memory_fraction; 0: TensorFlow's choice)."""
-    config = config_pb2.ConfigProto()
-    config.experimental.disable_thread_spinning = not dataplane.tensorflow_thread_spinning
-    if dataplane.per_process_gpu_memory_fraction > 0:
-        config.gpu_options.per_process_gpu_memory_fraction = dataplane.per_process_gpu_memory_fraction
-    return config
+def say(line: str) -> None:
+    """A line for whoever started the server, beside the logs (which are JSON, and warnings only by default)."""
+    print(line, file=sys.stderr, flush=True)
 
 
-def start_eager_context_with(config: config_pb2.ConfigProto, eager: context.Context) -> None:
-    """Make `config` part of what `eager` (TensorFlow's eager context, not yet initialised) starts its runtime with.
+class Worker:
+    """One worker process's serving life. `create_dataplane` is DataPlane.create's signature; `announce` takes the
+    lines that say the server is ready, or why a model is not."""
 
-    TF2 has no public setter for these fields: `tf.config` covers threads and devices, and `enable_eager_execution`
-    takes a config only where eager execution is off. The context keeps the ConfigProto it was created with and
-    applies `tf.config`'s settings over it when it starts; the CPU device's intra-op pool, the inter-op pool and
-    the GPU allocator are created then, from that merged config. Every TF1 Session created without a config of its
-    own (serving/core/loaders.py) takes the context's, so TF1 models get the same settings."""
-    if eager._initialized:  # the context's own attributes: see above, there is no public way in
-        raise RuntimeError("TensorFlow's runtime has already started")
-    merged = config_pb2.ConfigProto()
-    if eager._config is not None:
-        merged.CopyFrom(eager._config)
-    merged.MergeFrom(config)
-    eager._config = merged
+    def __init__(self, options: ServerOptions, create_dataplane: Callable[..., DataPlane] = DataPlane.create,
+                 announce: Callable[[str], None] = say) -> None:
+        self.options = options
+        self.startup = Startup(ports=int(serves_grpc(options)))
+        self._create_dataplane = create_dataplane
+        self._announce = announce
+        self._dataplane: DataPlane | None = None
+        self._grpc: grpc.Server | None = None
+        self._stop_rest: Callable[[], None] = lambda: None
+        # set by `drain`; the background threads wait on it (a native wait: under gevent none of them may start an
+        # event loop of its own)
+        self._stopping = threading.Event()
 
+    @property
+    def dataplane(self) -> DataPlane:
+        if self._dataplane is None:
+            raise RuntimeError("the worker has not started")
+        return self._dataplane
 
-def _configure_tensorflow(options: ServerOptions) -> None:
-    try:
-        configure_runtime(options, context.context())
-    except RuntimeError:
-        logger.warning("TensorFlow was already initialised; thread and GPU settings unchanged")
-        return
-    _start_tensorflow_niced(options.dataplane.tensorflow_thread_nice)
+    # --- start ----------------------------------------------------------------------------------------------------
 
+    def start(self) -> Flask:
+        """Build this process's DataPlane and start loading its models in the background (readiness reports
+        progress); it has started once they have loaded and gRPC is open (`serve`). Returns the REST app.
 
-def configure_runtime(options: ServerOptions, eager: context.Context) -> None:
-    """Everything TensorFlow takes only before its runtime starts, given to `eager` (the process's eager
-    context): the session config, GPU memory growth, the thread counts. RuntimeError once it has started."""
-    cores = available_cores()
-    dataplane = options.dataplane
-    start_eager_context_with(session_config(dataplane), eager)
-    share_gpus(tf.config.list_physical_devices("GPU"), options.process.workers)
-    eager.intra_op_parallelism_threads = intra_op_threads(options, cores)
-    eager.inter_op_parallelism_threads = dataplane.tensorflow_inter_op_parallelism or cores
+        A derived memory budget is, in a cgroup, measured once the initial load and warmup are over (what the server
+        then holds, page cache included, is known only then) and before the worker admits a request; until then the
+        budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/server.py logs it).
+        """
+        options = self.options
+        configure_tensorflow(options)
+        budget, pixels = resolve_memory_budget(options)
+        dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
+        measured = functools.partial(budget_after_load, options) if measures_memory_budget(options) else None
+        self._dataplane = self._create_dataplane(dataplane, self.startup,
+                                                 drain_seconds=options.process.graceful_timeout,
+                                                 budget_after_load=measured)
+        self._watch_configs()
+        return create_app(self._dataplane, options.protocols, options.security)
 
+    def _watch_configs(self) -> None:
+        """Re-read --model_config_file every --model_config_file_poll_wait_seconds, starting from the config the
+        DataPlane started with (read once, at start), so that an edit made since is applied at the first look.
+        With several workers, a reload RPC reaches one of them, which publishes the config in their shared folder,
+        which every worker watches the same way."""
+        process = self.options.process
+        if process.model_config_file and process.model_config_file_poll_wait_seconds > 0:
+            started_with = self.options.dataplane.model_config.SerializeToString(deterministic=True)
+            self._watch(process.model_config_file, process.model_config_file_poll_wait_seconds, started_with)
+        if process.reload_dir:
+            self._watch(os.path.join(process.reload_dir, RELOAD_FILE), RELOAD_POLL_S, b"")
 
-def share_gpus(gpus: list, workers: int) -> None:
-    """With several workers on one machine, each takes GPU memory as it needs it (memory growth) rather than
-    nearly all of it at start, which would leave the second worker failing to allocate. One worker keeps
-    TensorFlow's default, which allocates up front and fragments less."""
-    if workers > 1:
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-
-
-def _start_tensorflow_niced(nice: int) -> None:
-    """Start TensorFlow's runtime, and with it its thread pools, from a thread running `nice` steps lower than
-    the rest of the worker. Linux gives each thread its own nice value and a new thread its creator's, so the pools
-    that run the model inherit it, while the event loop, the batch threads and gRPC keep the normal priority.
-
-    Why: on a busy worker the model's threads and the thread that reads requests compete for the same cores. When
-    the reader waits for a core, fewer requests reach the batcher, batches stay small and each image costs the
-    model more, and every response waits longer to be written. Lowered, the model gets every cycle the reader does
-    not need. None of the lowered threads takes the GIL, so none can hold it while preempted."""
-    def start() -> None:
-        if nice and sys.platform == "linux":
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            except OSError as error:  # a sandbox that forbids it: the model runs at the normal priority
-                logger.warning("could not lower TensorFlow's thread priority", extra={"fields": {"error": str(error)}})
-        tf.config.list_logical_devices()  # initialises the runtime, which creates its thread pools
-        tf.compat.v1.Session(graph=tf.Graph()).close()  # and the inter-op pool every TF1 model's Session shares
-
-    thread = threading.Thread(target=start, name="petal-tf-start")
-    thread.start()
-    thread.join()
-
-
-def create_core(options: ServerOptions, ports_to_open: int = 0) -> DataPlane:
-    """Build this process's core and start loading its models in the background (readiness reports progress);
-    it has started once they have loaded and `core.startup` has heard of each port opened.
-
-    With several workers, a reload RPC reaches one of them; that worker applies it and publishes the config in
-    --workers' shared directory, which every worker watches the way it watches --model_config_file.
-
-    A derived memory budget is, in a cgroup, measured once the initial load and warmup are over (what the server
-    then holds, page cache included, is known only then) and before the worker admits a request; until then the
-    budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/server.py logs it).
-    """
-    global _current
-    _configure_tensorflow(options)
-    budget, pixels = resolve_memory_budget(options)
-    dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
-    measured = functools.partial(budget_after_load, options) if measures_memory_budget(options) else None
-    core = DataPlane.create(dataplane, ports_to_open, drain_seconds=options.process.graceful_timeout,
-                            budget_after_load=measured)
-    watched: list[tuple[str, float, bytes]] = []
-    if dataplane.model_config_file and dataplane.model_config_file_poll_wait_seconds > 0:
-        watched.append((dataplane.model_config_file, dataplane.model_config_file_poll_wait_seconds,
-                        dataplane.model_server_config().SerializeToString(deterministic=True)))
-    if options.process.reload_dir:
-        published = os.path.join(options.process.reload_dir, RELOAD_FILE)
-        core.publish_config = functools.partial(_publish, published)
-        watched.append((published, RELOAD_POLL_S, b""))
-    for path, seconds, last in watched:
-        threading.Thread(target=_watch_config, args=(core, path, seconds, last), name="petal-config",
+    def _watch(self, path: str, seconds: float, last: bytes) -> None:
+        threading.Thread(target=self._watch_config, args=(path, seconds, last), name="petal-config",
                          daemon=True).start()
-    _current = core
-    return core
+
+    # --- serve ----------------------------------------------------------------------------------------------------
+
+    def serve(self, stop_rest: Callable[[], None] = lambda: None) -> None:
+        """The REST port is about to accept (`stop_rest` stops it, for `drain`): with several workers sharing it,
+        wait for the models first, so that no request waits in a worker still loading while its siblings serve
+        (/healthz is up with the first); then open gRPC once the load is over, in the background."""
+        self._stop_rest = stop_rest
+        if self.options.process.workers > 1:
+            self.dataplane.wait_loaded()
+        threading.Thread(target=self._open_ports, name="petal-start", daemon=True).start()
+
+    def _open_ports(self) -> None:
+        """gRPC bound only once the initial load is over, as TF Serving does: a client that waits for the port and
+        then calls finds every configured model loaded. Until it is bound it holds the startup gate, so /readyz is
+        not 200 before a gRPC client could connect."""
+        dataplane, options = self.dataplane, self.options
+        dataplane.wait_loaded()
+        if serves_grpc(options):
+            try:
+                if not self.startup.draining:
+                    self._grpc = grpc_server.start(dataplane, options.protocols, options.security,
+                                                   options.process.runtime_dir, reload=self.reload)
+            except Exception:  # a port in use, say: fail the way a worker that cannot boot does, stopping the server
+                logger.exception("gRPC failed to start")
+                os._exit(Arbiter.WORKER_BOOT_ERROR)
+            finally:
+                self.startup.port_opened()
+            if self.startup.draining:  # a SIGTERM that came while it bound found no server to stop
+                self._stop_grpc()
+        logger.info("worker started", extra={"fields": {"pid": os.getpid(), "grpc_port": options.protocols.port}})
+        if self._last_to_start():
+            self._report_start()
+
+    def _last_to_start(self) -> bool:
+        """Whether this worker is the one to say that the server has started: the first whose load is over when
+        every worker's is (each marks itself in the server's runtime folder); without that folder, this one."""
+        folder = self.options.process.runtime_dir
+        if not folder:
+            return True
+        started = os.path.join(folder, STARTED_DIR)
+        os.makedirs(started, exist_ok=True)
+        open(os.path.join(started, str(os.getpid())), "w").close()
+        if len(os.listdir(started)) < self.options.process.workers:
+            return False
+        try:
+            os.close(os.open(os.path.join(folder, ANNOUNCED_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    def _report_start(self) -> None:
+        """`ready: flowers v1 on http://localhost:8501 and grpc://localhost:8500 in 4.2 s`, or first a line per model
+        that has no version to serve, saying why, and the ready line once one has loaded."""
+        dataplane = self.dataplane
+        if not dataplane.ready():
+            for line in not_ready_lines(dataplane):
+                self._announce(line)
+            while not dataplane.ready():
+                if self._stopping.wait(READY_POLL_S):
+                    return
+        self._announce(ready_line(dataplane, self.options))
+
+    # --- reload ---------------------------------------------------------------------------------------------------
+
+    def reload(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
+        """Serve these models from now on (the reload RPC; ServingError INVALID_ARGUMENT for a config that breaks a
+        rule); `publish` passes the config on to the other workers, if any."""
+        self.dataplane.reload_config(config)
+        if publish and self.options.process.reload_dir:
+            publish_config(os.path.join(self.options.process.reload_dir, RELOAD_FILE), config)
+
+    def _watch_config(self, path: str, seconds: float, last: bytes) -> None:
+        """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one
+        (once)."""
+        while not self._stopping.wait(seconds):
+            if not os.path.exists(path) and not last:
+                continue
+            try:
+                config = read_model_config(path)
+            except Exception as error:
+                logger.warning("model config file unreadable; keeping the current one",
+                               extra={"fields": {"path": path, "error": str(error)}})
+                continue
+            text = config.SerializeToString(deterministic=True)
+            if text != last:
+                try:
+                    self.reload(config, publish=False)
+                except ServingError as error:  # check_model_config's rules, e.g. a base path outside --model_root
+                    logger.warning("model config refused; keeping the current one",
+                                   extra={"fields": {"path": path, "error": error.message}})
+                else:
+                    logger.info("model config reloaded",
+                                extra={"fields": {"path": path, "models": self.dataplane.model_names()}})
+            last = text
+
+    # --- drain and exit -------------------------------------------------------------------------------------------
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        """The worker's SIGTERM handler. Under gevent it runs on the event loop, where a blocking call is not
+        allowed, so gRPC's stop runs in a greenlet of its own."""
+        self.drain(on_event_loop=self.options.process.worker_class == "gevent")
+
+    def drain(self, on_event_loop: bool = False) -> None:
+        """Readiness turns false so load balancers stop sending; gRPC refuses new RPCs and lets running ones finish
+        within --graceful_timeout; the REST port stops accepting, its requests in flight finish."""
+        self.startup.drain()
+        self._stopping.set()
+        if on_event_loop and self._grpc is not None:
+            import gevent
+            gevent.spawn(self._stop_grpc)
+        else:
+            self._stop_grpc()
+        self._stop_rest()
+
+    def _stop_grpc(self) -> threading.Event | None:
+        """Refuse new RPCs now and let running ones finish within --graceful_timeout; the event is set once gRPC has
+        stopped (None: there is no gRPC server)."""
+        return None if self._grpc is None else self._grpc.stop(self.options.process.graceful_timeout)
+
+    def exit(self) -> None:
+        """The worker process ends (gunicorn's worker_exit, after the REST port's drain): gRPC's drain is waited for
+        up to --graceful_timeout, then the DataPlane stops its threads."""
+        stopped = self._stop_grpc()
+        if stopped is not None:
+            stopped.wait(self.options.process.graceful_timeout)
+        if self._dataplane is not None:
+            self._dataplane.close()
 
 
-def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
+def publish_config(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
     """Write the config where every worker looks, in one rename, so no worker reads half a file."""
     staging = f"{path}.{os.getpid()}.tmp"
     with open(staging, "w") as f:
@@ -176,25 +257,41 @@ def _publish(path: str, config: model_server_config_pb2.ModelServerConfig) -> No
     os.replace(staging, path)
 
 
-def _watch_config(core: DataPlane, path: str, seconds: float, last: bytes) -> None:
-    """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one (once)."""
-    stop = threading.Event()  # a native wait: this thread must not start an event loop of its own under gevent
-    while not core.draining() and not stop.wait(seconds):
-        if not os.path.exists(path) and not last:
-            continue
+def browsable(address: str) -> str:
+    """A wildcard address is not one a client can connect to; this machine's own name is."""
+    host, _, port = address.rpartition(":")
+    return f"{'localhost' if host in ('0.0.0.0', '[::]') else host}:{port}"
+
+
+def ready_line(dataplane: DataPlane, options: ServerOptions) -> str:
+    """Every model with the versions it serves, where, and how long the server took to start."""
+    models = ", ".join(f"{name} " + " ".join(f"v{v}" for v in sorted(dataplane.available_versions(name)))
+                       for name in dataplane.model_names())
+    protocols = options.protocols
+    scheme = "https" if options.security.tls else "http"
+    ports = [f"{scheme}://{browsable(bind_address(protocols.host, protocols.rest_api_port))}"]
+    if protocols.port:
+        ports.append(f"grpc{'s' if options.security.tls else ''}://"
+                     f"{browsable(bind_address(protocols.host, protocols.port))}")
+    if protocols.grpc_socket_path:
+        ports.append(f"unix:{protocols.grpc_socket_path}")
+    started = options.process.started_at
+    took = f" in {time.monotonic() - started:.1f} s" if started else ""
+    return f"ready: {models} on {', '.join(ports[:-1])}{' and ' if len(ports) > 1 else ''}{ports[-1]}{took}"
+
+
+def not_ready_lines(dataplane: DataPlane) -> list[str]:
+    """One line per model that has no version to serve: each version that failed to load with why, or that none
+    is on disk yet."""
+    lines = []
+    for name in dataplane.model_names():
         try:
-            config = read_model_config(path)
-        except Exception as error:
-            logger.warning("model config file unreadable; keeping the current one",
-                           extra={"fields": {"path": path, "error": str(error)}})
+            statuses = dataplane.status(name)
+        except ServingError as error:  # configured, but no version on disk yet
+            lines.append(f"not ready: {name}: {error.message}")
             continue
-        text = config.SerializeToString(deterministic=True)
-        if text != last:
-            try:
-                core.reload_config(config, publish=False)
-            except ServingError as error:  # check_model_config's rules, e.g. a base path outside --model_root
-                logger.warning("model config refused; keeping the current one",
-                               extra={"fields": {"path": path, "error": error.message}})
-            else:
-                logger.info("model config reloaded", extra={"fields": {"path": path, "models": core.model_names()}})
-        last = text
+        if any(s.state == VersionState.AVAILABLE for s in statuses):
+            continue
+        failed = [f"v{s.version} {' '.join(s.error_message.split())}" for s in statuses if s.error_message]
+        lines.append(f"not ready: {name} {'; '.join(failed) or 'has no version loaded yet'}")
+    return lines

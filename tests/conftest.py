@@ -1,4 +1,7 @@
-"""Shared test setup: quiet TensorFlow, the tests folder importable, and each test's tier marker from its folder."""
+"""Shared test setup: quiet TensorFlow, the tests folder importable, each test's tier marker from its folder, and the
+fixtures tests of every tier share."""
+import builtins
+import collections
 import os
 import sys
 from pathlib import Path
@@ -33,3 +36,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     pytest-xdist the longest work then starts at once beside everything else instead of ending the run alone."""
     items.sort(key=lambda item: (item.get_closest_marker("container") is None,
                                  item.get_closest_marker("e2e") is None))
+
+
+@pytest.fixture
+def opened(monkeypatch) -> collections.Counter:
+    """How many times each file is opened through `open` from here to the test's end, by path: what reads a file
+    once reads it once."""
+    counts: collections.Counter = collections.Counter()
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        counts[str(file)] += 1
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    return counts

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from serving.config import ServerOptions, parse_args
+from serving.config import ServerOptions
+from serving.flags import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

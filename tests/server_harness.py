@@ -59,7 +59,8 @@ def in_process_core(loaded: bool = True, **options: object) -> Iterator[DataPlan
     from serving.config import DataPlaneOptions
     from serving.core import DataPlane
 
-    core = DataPlane.create(DataPlaneOptions(file_system_poll_wait_seconds=0, **options))
+    core = DataPlane.create(DataPlaneOptions(model_config=model_config(options), file_system_poll_wait_seconds=0,
+                                             **options))
     try:
         if loaded:
             core.wait_loaded()
@@ -67,6 +68,19 @@ def in_process_core(loaded: bool = True, **options: object) -> Iterator[DataPlan
         yield core
     finally:
         core.close()
+
+
+def model_config(options: dict[str, object]):
+    """The models that `model_config_file`, or `model_name` and `model_base_path`, name among `options`, as the
+    flags make them (and taken out of `options`)."""
+    from serving.config import model_config_for
+    from serving.config_files import read_model_config
+
+    path = options.pop("model_config_file", None)
+    if path:
+        return read_model_config(str(path))
+    flags = (("model_name", "name"), ("model_base_path", "base_path"))
+    return model_config_for(**{arg: str(options.pop(flag)) for flag, arg in flags if flag in options})
 
 
 def jpeg(size: int = IMAGE_SIZE, seed: int = 0, quality: int = 90) -> bytes:

@@ -19,8 +19,9 @@ from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, 
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, Result, Task
 from serving.core.repository import VersionState, VersionStatus
 from serving.core.servable import Servable
+from serving.core.startup import Startup
 
 __all__ = ["CLASSIFY_METHOD", "DEFAULT_SIGNATURE", "IMAGE_INPUT", "NUMPY_DTYPES", "PROBABILITIES_OUTPUT",
            "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Result", "Servable", "ServingError",
-           "SignatureInfo", "Task", "TensorInfo", "VersionState", "VersionStatus", "check_shape", "coerce",
+           "SignatureInfo", "Startup", "Task", "TensorInfo", "VersionState", "VersionStatus", "check_shape", "coerce",
            "deadline_exceeded", "invalid", "not_found", "unavailable"]

@@ -19,7 +19,8 @@ from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
-from serving.config import DataPlaneOptions, ProcessOptions, check_model_config
+from serving.config import DataPlaneOptions, ProcessOptions
+from serving.config_files import check_model_config
 from serving.core import examples, images
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
@@ -157,9 +158,7 @@ class DataPlane:
     memory: MemoryBudget
     metrics: Metrics
     options: DataPlaneOptions = field(default_factory=DataPlaneOptions)
-    shutting_down: bool = False
-    # Set by the worker when several processes serve: hands a reloaded config to the others.
-    publish_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None
+    # Where the worker is in its life: the worker that owns it (serving/worker.py) opens its ports and drains it.
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
     # The memory budget's limits once the initial load is over, when they are measured then (serving/worker.py):
     # called once, by whoever sees the load end first, before the startup gate opens.
@@ -288,8 +287,8 @@ class DataPlane:
             return servable.version, servable.signatures
 
     def draining(self) -> bool:
-        """Whether shutdown has begun (`begin_shutdown`): readiness is false from then on, and nothing new starts."""
-        return self.shutting_down
+        """Whether the worker has begun to drain (`Startup.drain`): readiness is false from then on."""
+        return self.startup.draining
 
     def ready(self) -> bool:
         return not self.draining() and self.startup.done and self.repository.ready()
@@ -347,45 +346,40 @@ class DataPlane:
         until the deadline; whether it started."""
         return self.startup.wait(deadline)
 
-    def reload_config(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
-        """Serve these models from now on; `publish` passes the config on to the other workers, if any. A config
-        that breaks a rule a config file must keep (`check_model_config`) is INVALID_ARGUMENT."""
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        """Serve these models from now on. A config that breaks a rule a config file must keep
+        (`check_model_config`) is INVALID_ARGUMENT."""
         try:
             check_model_config(config, self.options.model_root)
         except ValueError as error:
             raise invalid(str(error)) from None
         self.repository.reload_config(config)
-        if publish and self.publish_config is not None:
-            self.publish_config(config)
-
-    def begin_shutdown(self) -> None:
-        """Readiness turns false so load balancers drain this worker; requests in flight still complete."""
-        self.shutting_down = True
 
     def close(self) -> None:
         self.repository.stop()
         self.batcher.close()
 
     @classmethod
-    def create(cls, options: DataPlaneOptions, ports_to_open: int = 0,
+    def create(cls, options: DataPlaneOptions, startup: Startup | None = None,
                drain_seconds: float = ProcessOptions.graceful_timeout,
                budget_after_load: Callable[[], tuple[int, int]] | None = None) -> DataPlane:
-        """A core for these options, its models loading in the background (readiness reports progress). It has
-        started once they have loaded and the caller has told `core.startup` of each port it opened. An unloaded
-        version's requests in flight get `drain_seconds` (--graceful_timeout) to finish. With `budget_after_load`
-        the memory budget's limits are what it returns once the load is over; until then it admits no body."""
+        """A core serving `options.model_config`, its models loading in the background (readiness reports
+        progress). It has started once they have loaded and the ports `startup` waits for (none without one) have
+        opened. An unloaded version's requests in flight get `drain_seconds` (--graceful_timeout) to finish. With
+        `budget_after_load` the memory budget's limits are what it returns once the load is over; until then it
+        admits no body."""
         metrics = Metrics()
         memory = MemoryBudget(options.memory_budget_bytes, options.max_inflight_pixels, metrics,
                               pending=budget_after_load is not None)
         batcher = Batcher(options.batching, metrics, enabled=options.enable_batching, budget=memory)
         load_options = LoadOptions.from_flags(options.saved_model_tags, options.prefer_tflite_model,
                                               options.enable_batching)
-        repository = Repository(options.model_server_config(),
+        repository = Repository(options.model_config,
                                 loader(load_options, metrics, warmup=options.enable_model_warmup), metrics,
                                 options.file_system_poll_wait_seconds, on_unload=batcher.forget,
                                 drain_seconds=drain_seconds)
         core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
-                   startup=Startup(ports_to_open), budget_after_load=budget_after_load)
+                   startup=startup or Startup(), budget_after_load=budget_after_load)
         repository.start()
         threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()
         return core

@@ -26,8 +26,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from grpc_calls import predict_request, rpc_error
 from server_harness import copy_model, jpeg, run_server
 from serving.client import Client, RequestError, Security, ServerError
-from serving.config import parse_args
-from tls_certs import make_pki
+from serving.flags import parse_args
+from tls_certs import make_pki, repr_pem
 
 PREDICT_TOKEN = "predict-token-0123456789abcdef"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -330,6 +330,13 @@ def test_bad_ssl_configs_fail_at_startup(tmp_path, pki, capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args([f"--ssl_config_file={write(tmp_path / 'ssl', pki.ssl_config())}", "--worker_class=gthread"])
+    # a key that is not the certificate's fails here, with the file's path, rather than in every worker
+    swapped = pki.ssl_config().replace(repr_pem(pki.server_key.read_text()), repr_pem(pki.client_key.read_text()))
+    path = write(tmp_path / "swapped", swapped)
+    with pytest.raises(SystemExit):
+        parse_args([f"--ssl_config_file={path}"])
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and "mismatch" in err.lower(), err
 
 
 def test_loadtest_reaches_a_tls_and_token_server_over_rest_and_grpc(server, pki, tmp_path):

@@ -1,6 +1,6 @@
-"""The session config a worker starts TensorFlow with (serving/worker.py) reaches TF2 and TF1 models alike: a
-process configured as `petal serve` configures its workers, then a TF1 Session of a real foreign model and the
-eager context are asked what they run with. A subprocess, since TensorFlow takes this config once per process."""
+"""The session config a worker starts TensorFlow with (serving/tensorflow_runtime.py) reaches TF2 and TF1 models
+alike: a process configured as `petal serve` configures its workers, then a TF1 Session of a real foreign model and
+the eager context are asked what they run with. A subprocess, since TensorFlow takes this config once per process."""
 import json
 import os
 import subprocess
@@ -10,15 +10,15 @@ from server_harness import ROOT
 
 PROBE = """
 import json, sys
-from serving import worker
-from serving.config import parse_args
+from serving import tensorflow_runtime
+from serving.flags import parse_args
 from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
 import numpy as np
 from exported_models import tf_serving_models
 from tensorflow.python.eager import context
 
-worker._configure_tensorflow(parse_args(sys.argv[1:]))
+tensorflow_runtime.configure_tensorflow(parse_args(sys.argv[1:]))
 version = tf_serving_models.half_plus_two(sys.argv[-1].split("=", 1)[1] + "_tf1/1")  # TF Serving's TF1 test model
 servable = Servable("m", 1, version, LoadOptions())
 y = servable.run("serving_default", {"x": np.array([2.0], np.float32)})["y"]

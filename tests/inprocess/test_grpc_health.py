@@ -25,7 +25,7 @@ def test_health_watch_reports_not_serving_when_shutdown_lands_between_its_reads(
     def ready_then_shut_down() -> bool:
         reads.append(repository_ready())
         if len(reads) == 2:
-            core.begin_shutdown()
+            core.startup.drain()
         return reads[-1]
 
     monkeypatch.setattr(core.repository, "ready", ready_then_shut_down)

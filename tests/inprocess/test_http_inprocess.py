@@ -807,7 +807,7 @@ def test_healthz_and_readyz(client):
 
 
 def test_shutting_down_is_not_ready_and_says_when_to_retry(client, core, monkeypatch):
-    monkeypatch.setattr(core, "shutting_down", True)
+    monkeypatch.setattr(core.startup, "_draining", True)
     response = client.get("/readyz")
     assert_error(response, 503, "Not ready: shutting down$")
     assert response.headers["Retry-After"] == "1"

@@ -13,10 +13,11 @@ import prometheus_client
 import pytest
 
 from server_harness import b64, jpeg, tiny_model_base
-from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, parse_args, resolve_memory_budget
+from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, model_config_for
 from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
-from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB
+from serving.flags import parse_args
+from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB, resolve_memory_budget
 from serving.metrics import Metrics
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.v2_bytes import frame
@@ -134,7 +135,7 @@ def test_the_core_settles_its_budget_after_the_load_and_before_it_starts(measure
             raise OSError("no cgroup files")
         return measured
 
-    options = DataPlaneOptions(model_base_path=tiny_model_base(), file_system_poll_wait_seconds=0,
+    options = DataPlaneOptions(model_config_for("flowers", tiny_model_base()), file_system_poll_wait_seconds=0,
                                memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS)
     core = DataPlane.create(options, budget_after_load=measure)
     try:

@@ -1,9 +1,10 @@
 """One set of rules for a model config, wherever it comes from: the flags, --model_config_file (at start and as
-the worker re-reads it) and the reload RPC (serving/config.py `check_model_config`). The reload RPC once took a
+the worker re-reads it) and the reload RPC (serving/config_files.py `check_model_config`). The reload RPC once took a
 model_platform that a config file was refused for; it runs here through the real servicer on an in-process
 DataPlane serving the tiny model."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,10 +16,12 @@ from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import tiny_model_base
-from serving.config import check_model_config, parse_args, read_model_config
+from serving.config import ProcessOptions, ServerOptions
+from serving.config_files import check_model_config, read_model_config
 from serving.core import Code, ServingError
+from serving.flags import parse_args
 from serving.protocols.grpc_api.tfserving import ModelService
-from serving.worker import _watch_config
+from serving.worker import Worker
 
 BAD_PLATFORM = "model_platform 'pytorch' is not supported"
 
@@ -114,7 +117,7 @@ def test_the_dataplane_refuses_a_bad_config_as_invalid_argument(core):
 
 # --- the watcher ----------------------------------------------------------------------------------------------
 
-def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(dataplane, tmp_path, caplog):
+def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_path, caplog):
     """A worker re-reading --model_config_file: the file now names a PyTorch model, so the watch logs why and the
     models served stay as they were."""
     path = tmp_path / "models.config"
@@ -122,16 +125,23 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(datapl
 
     def warned() -> bool:
         return any(BAD_PLATFORM in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
-    watched = dataplane(model_base_path=tiny_model_base(), model_name="flowers")  # its own: the test drains it
+    options = ServerOptions(process=ProcessOptions(model_config_file=str(path),
+                                                   model_config_file_poll_wait_seconds=0.05))
+    options = dataclasses.replace(options, dataplane=dataclasses.replace(
+        options.dataplane, model_config=config(), file_system_poll_wait_seconds=0, tensorflow_thread_nice=0))
+    worker = Worker(options)
     with caplog.at_level(logging.WARNING, logger="serving.worker"):
-        watch = threading.Thread(target=_watch_config, args=(watched, str(path), 0.05, b""), daemon=True)
-        watch.start()
+        worker.start()
         try:
             deadline = time.monotonic() + 10
             while not warned() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert warned()
+            assert worker.dataplane.model_names() == ["flowers"]
         finally:
-            watched.begin_shutdown()  # the watch ends once the DataPlane drains
-            watch.join(5)
-        assert warned() and not watch.is_alive()
-        assert watched.model_names() == ["flowers"]
+            worker.drain()  # the watch ends once the worker drains
+            worker.exit()
+    watches = [t for t in threading.enumerate() if t.name == "petal-config"]
+    for watch in watches:
+        watch.join(5)
+    assert not any(t.is_alive() for t in watches)

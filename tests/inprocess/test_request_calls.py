@@ -25,7 +25,7 @@ from gunicorn import glogging
 from tensorflow_serving.apis import predict_pb2
 
 from server_harness import jpeg, tiny_model_base
-from serving.config import parse_args
+from serving.flags import parse_args
 from serving.protocols.codec import tensor_proto
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.grpc_api.tfserving import PredictionService

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from serving.config import ProtocolOptions, parse_args
+from serving.config import ProtocolOptions
+from serving.flags import parse_args
 from serving.protocols.rest.app import create_app
 
 ALLOWED = "https://dashboard.example"

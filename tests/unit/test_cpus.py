@@ -7,7 +7,7 @@ import pytest
 
 from serving.config import BatchingOptions, DataPlaneOptions, ProcessOptions, ServerOptions
 from serving.cpus import available_cores, cgroup_cpu_quota
-from serving.worker import intra_op_threads
+from serving.tensorflow_runtime import intra_op_threads
 
 
 def host_cores() -> int:

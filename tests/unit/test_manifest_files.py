@@ -31,7 +31,7 @@ from deploy_files import (
     server_options,
     yaml_files,
 )
-from serving.config import resolve_memory_budget
+from serving.config import ServerOptions
 from serving.cpus import available_cores
 from serving.memory import (
     BODY_BYTES_FACTOR,
@@ -41,8 +41,9 @@ from serving.memory import (
     CgroupMemory,
     MiB,
     measured_footprint,
+    resolve_memory_budget,
 )
-from serving.worker import intra_op_threads
+from serving.tensorflow_runtime import intra_op_threads
 
 # What a fresh pod of the image holds once loaded, page cache included, with a cold cache: 949-1073 MiB over 16
 # starts (benchmarks/memory.py --pod_limit, tests/e2e/test_manifests.py), rounded up from the most.
@@ -71,13 +72,17 @@ def test_kustomization_lists_every_manifest():
     assert sorted(kustomization["resources"]) == sorted(manifests)
 
 
+def served_models(options: ServerOptions) -> list[tuple[str, str]]:
+    return [(m.name, m.base_path) for m in options.dataplane.model_config.model_config_list.config]
+
+
 # --- the image -------------------------------------------------------------------------------------------------
 
 def test_image_ports_healthcheck_and_user_match_the_server():
     dockerfile = read_dockerfile()
     options = server_options(dockerfile, [])
     assert dockerfile.exposed == {options.protocols.port, options.protocols.rest_api_port}
-    assert (options.dataplane.model_name, options.dataplane.model_base_path) == ("flowers", "/models/flowers")
+    assert served_models(options) == [("flowers", "/models/flowers")]
     uid = dockerfile.user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root USER, so runAsNonRoot can verify it"
     program = dockerfile.healthcheck[-1]
@@ -87,7 +92,7 @@ def test_image_ports_healthcheck_and_user_match_the_server():
 def test_image_flags_pass_through_after_the_defaults():
     options = server_options(read_dockerfile(), ["--rest_api_port=9001", "--workers=3"], {"MODEL_NAME": "iris"})
     assert (options.protocols.rest_api_port, options.process.workers) == (9001, 3)
-    assert (options.dataplane.model_name, options.dataplane.model_base_path) == ("iris", "/models/iris")
+    assert served_models(options) == [("iris", "/models/iris")]
 
 
 def test_dockerignore_keeps_what_the_image_copies_and_drops_the_rest():

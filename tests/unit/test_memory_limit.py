@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from serving.config import ProcessOptions, ServerOptions, budget_after_load, measures_memory_budget
+from serving.config import ProcessOptions, ServerOptions
 from serving.memory import (
     BYTES_PER_PIXEL,
     ESTIMATE_SLACK,
@@ -17,6 +17,7 @@ from serving.memory import (
     GiB,
     MiB,
     available_memory,
+    budget_after_load,
     cgroup_memory,
     default_memory_budget,
     default_pixel_share,
@@ -24,6 +25,7 @@ from serving.memory import (
     fits,
     footprint_after_load,
     measured_footprint,
+    measures_memory_budget,
 )
 
 

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from serving import worker
-from serving.config import parse_args
+from serving import tensorflow_runtime
+from serving.flags import parse_args
 
 FAKE_GPU = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
 
@@ -24,7 +24,7 @@ def configured(argv: list[str], gpus: list) -> tuple[tf.compat.v1.ConfigProto, l
     with mock.patch.object(tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else []), \
             mock.patch.object(tf.config.experimental, "set_memory_growth",
                               lambda device, enable: growth.append((device.name, enable))):
-        worker.configure_runtime(parse_args(argv), eager)
+        tensorflow_runtime.configure_runtime(parse_args(argv), eager)
     return eager.config, growth
 
 
@@ -70,4 +70,4 @@ def test_a_started_runtime_is_not_reconfigured():
     eager = context.Context()
     eager._initialized = True  # as after its first op
     with pytest.raises(RuntimeError):
-        worker.start_eager_context_with(worker.session_config(parse_args([]).dataplane), eager)
+        tensorflow_runtime.start_eager_context_with(tensorflow_runtime.session_config(parse_args([]).dataplane), eager)

@@ -10,11 +10,13 @@ tokens and limits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.core import DataPlane
@@ -61,11 +63,12 @@ def gate(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions)
                 min(protocols.grpc_max_message_bytes, core.memory.body_limit), protocols.request_body_timeout)
 
 
-def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
-          runtime_dir: str) -> grpc.Server | None:
+def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
+          reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
     --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
-    decide which); None when it has neither to serve."""
+    decide which); None when it has neither to serve. The reload RPC calls `reload` (the worker's, which passes
+    the config on to its siblings; default: the DataPlane's own)."""
     addresses = [bind_address(protocols.host, protocols.port)] if protocols.port else []
     binding = unix_socket.claim(protocols.grpc_socket_path, runtime_dir) if protocols.grpc_socket_path else None
     if binding is not None:
@@ -82,7 +85,7 @@ def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
                          options=options, interceptors=[gate(core, protocols, security)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core, max_message), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, reload), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
     kserve.add_to_server(core, server, max_message)
     for address in addresses:

@@ -4,6 +4,7 @@ DataPlane as they are) and the codec's result to the DataPlane. Errors are TF Se
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,6 +23,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
     regression_pb2,
 )
+from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, Result, SignatureInfo, Task, invalid
 from serving.protocols.codec import tensor_proto
@@ -140,8 +142,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: DataPlane) -> None:
+    """`reload` applies a reload RPC's config: the worker's (serving/worker.py), which passes it on to the other
+    workers; by default the DataPlane's own."""
+
+    def __init__(self, core: DataPlane,
+                 reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> None:
         self.core = core
+        self.reload = reload or core.reload_config
 
     @rpc
     def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,
@@ -158,6 +165,6 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     @rpc
     def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,
                                   context: grpc.ServicerContext) -> Any:
-        """One worker gets the RPC; the core passes the config on to the others (serving/worker.py)."""
-        self.core.reload_config(request.config)
+        """One worker gets the RPC; `reload` passes the config on to the others."""
+        self.reload(request.config)
         return model_management_pb2.ReloadConfigResponse()

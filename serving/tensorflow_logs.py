@@ -1,0 +1,89 @@
+"""TensorFlow's C++ start-up lines, hidden unless asked for.
+
+Importing TensorFlow 2.21 prints, before Python's logging or TensorFlow's own log level are in charge, absl's
+"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", the oneDNN notice and
+"Could not find cuda drivers on your machine", twice (two of its libraries each carry absl). TF_CPP_MIN_LOG_LEVEL
+hides what TensorFlow logs once it has started (the CPU instructions notice; at 3, the failed cuInit of a machine
+without a GPU), but not these. So `import_tensorflow` imports it with this process's stderr (file descriptor 2, which
+C++ writes to) passed through a filter that applies TF_CPP_MIN_LOG_LEVEL to those lines too: absl's lines below the
+level are dropped, except that errors and fatal lines always pass, and so does everything that is not absl's
+(Python's warnings, a crash's last words), at once. At level 0 (`petal --verbose` sets it) nothing is filtered.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import importlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+# absl's prefix: severity, date, time, thread id, file:line]
+ABSL_LINE = re.compile(rb"([IWEF])\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] ")
+PRE_INIT_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+SEVERITIES = b"IWEF"
+ERROR = 2
+PIPE_BYTES = 1 << 20  # so that a burst while the importing thread holds the GIL never blocks the writer
+
+
+def min_log_level() -> int:
+    """TF_CPP_MIN_LOG_LEVEL as TensorFlow reads it: 0 (everything) unless set."""
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+def shown(line: bytes, level: int) -> bool:
+    """Whether a line TensorFlow's C++ writes to stderr is shown at TF_CPP_MIN_LOG_LEVEL `level`."""
+    if line.rstrip(b"\r") == PRE_INIT_NOTICE:
+        return level <= 0
+    match = ABSL_LINE.match(line)
+    return match is None or SEVERITIES.index(match.group(1)) >= min(level, ERROR)
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow (once per process) without the lines its C++ prints at import that TF_CPP_MIN_LOG_LEVEL
+    asks to hide."""
+    if "tensorflow" in sys.modules:
+        return
+    level = min_log_level()
+    with stderr_filtered(functools.partial(shown, level=level)) if level > 0 else contextlib.nullcontext():
+        importlib.import_module("tensorflow")
+
+
+@contextlib.contextmanager
+def stderr_filtered(keep: Callable[[bytes], bool]) -> Iterator[None]:
+    """Within the block, every line written to file descriptor 2 (by Python or C++) reaches it only if `keep`
+    says so, as it is written."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    with contextlib.suppress(OSError):  # a smaller pipe only means the writer may wait for the filter
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    stderr = os.dup(2)
+    relay = threading.Thread(target=_relay, args=(read_end, stderr, keep), name="petal-stderr-filter", daemon=True)
+    relay.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)  # the pipe's last writer is gone: the relay reads to its end and stops
+        relay.join()
+        os.close(stderr)
+
+
+def _relay(read_end: int, out: int, keep: Callable[[bytes], bool]) -> None:
+    pending = b""
+    while chunk := os.read(read_end, 65536):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if keep(line):
+                os.write(out, line + b"\n")
+    if pending and keep(pending):
+        os.write(out, pending)
+    os.close(read_end)

@@ -1,0 +1,95 @@
+"""What a newcomer sees first (docs/serving.md, "The first screen"): a real `petal serve` with the default flags
+but its ports (the default model), in an environment that sets nothing for TensorFlow, says what it loads and then
+that it is ready, and shows none of TensorFlow's C++ start-up lines; `petal --verbose` brings them back. `petal
+predict` and `petal batch`, which import TensorFlow themselves, are as quiet."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from server_harness import ROOT, free_ports, jpeg
+
+# Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice), and once its
+# runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
+TF_LINES = ("All log messages before absl::InitializeLog() is called", "oneDNN custom operations are on",
+            "cudart_stub.cc", "cpu_feature_guard.cc", "cuda_platform.cc")
+READY_WAIT_S = 240
+
+
+def environment() -> dict[str, str]:
+    """This one, without anything that tells TensorFlow how to log."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("TF_")}
+
+
+def first_screen(*petal_options: str) -> tuple[list[str], list[str], int]:
+    """`petal [OPTIONS] serve` on free loopback ports: the lines it printed until it said it was ready (or stopped),
+    those it printed once sent SIGTERM, and its exit code."""
+    rest, grpc = free_ports(2)
+    proc = subprocess.Popen([sys.executable, "-m", "petal", *petal_options, "serve", "--host=127.0.0.1",
+                             f"--rest_api_port={rest}", f"--port={grpc}"], cwd=ROOT, env=environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + READY_WAIT_S
+    try:
+        while not any(line.startswith("ready: ") for line in lines) and proc.poll() is None:
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        before = len(lines)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    screen = [line.rstrip("\n") for line in lines]
+    return screen[:before], screen[before:], code
+
+
+@pytest.fixture(scope="module")
+def quiet() -> tuple[list[str], list[str], int]:
+    return first_screen()
+
+
+def test_the_first_screen_says_what_loads_and_then_that_it_is_ready(quiet):
+    screen, _, _ = quiet
+    assert len(screen) == 2, screen
+    assert screen[0].startswith("petal serve: loading flowers from "), screen
+    assert re.fullmatch(r"ready: flowers v1 on http://127\.0\.0\.1:\d+ and grpc://127\.0\.0\.1:\d+ in \d+\.\d s",
+                        screen[1]), screen
+
+
+def test_no_tensorflow_start_up_line_and_a_quiet_exit(quiet):
+    screen, after_sigterm, code = quiet
+    assert not [line for line in screen + after_sigterm if any(tf in line for tf in TF_LINES)]
+    assert after_sigterm == [] and code == 0
+
+
+def test_verbose_brings_tensorflows_lines_back():
+    screen, _, _ = first_screen("--verbose")
+    text = "\n".join(screen)
+    assert all(tf in text for tf in TF_LINES[:3]), text
+    assert any(line.startswith("ready: flowers v1 on ") for line in screen)
+
+
+@pytest.mark.parametrize("command", [["predict", "IMAGE"], ["batch", "--help"]])
+def test_predict_and_batch_import_tensorflow_quietly(command, tmp_path):
+    image = tmp_path / "flower.jpg"
+    image.write_bytes(jpeg())
+    run = subprocess.run([sys.executable, "-m", "petal", *[str(image) if a == "IMAGE" else a for a in command]],
+                         cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == "", run.stderr
