@@ -45,10 +45,9 @@ def options():
 
 
 @pytest.fixture(scope="module")
-def core(dataplane, options):
+def core(dataplane):
     """With a memory budget, as a server measures one once its models have loaded: each request holds a share."""
-    return dataplane(model_base_path=options.dataplane.model_base_path, model_name="flowers",
-                     memory_budget_bytes=1 << 30)
+    return dataplane(model_base_path=tiny_model_base(), model_name="flowers", memory_budget_bytes=1 << 30)
 
 
 @pytest.fixture(scope="module")
