@@ -26,7 +26,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from serving.batch_prediction.core import StaticBatchClassifier, read_model_info  # noqa: E402
+from serving.batch_prediction.steps import StaticBatchClassifier, read_model_info  # noqa: E402
 from training import synth  # noqa: E402
 from training.preprocessing import preprocess_eval  # noqa: E402
 

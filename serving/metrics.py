@@ -380,7 +380,7 @@ class Metrics:
         self._versions: dict[tuple[str, int], _VersionSeries] = {}
 
     def record_request(self, model: str, version: int, ok: bool, elapsed_us: float) -> None:
-        """A request that reached a model version ended (the core calls this for every protocol)."""
+        """A request that reached a model version ended (the dataplane calls this for every protocol)."""
         series = self._version_series(model, version)
         (series.success if ok else series.fail).observe(elapsed_us)
         series.last_inference.set(int(time.time() * 1000))

@@ -24,19 +24,20 @@ def intra_op_threads(options: ServerOptions, cores: int) -> int:
     batching, the worker itself). A pool per caller as large as the machine only spins: for the default model,
     one intra-op thread per batch thread gives 1.2-1.3x the images/s of TensorFlow's default on photos at 0.9x
     the CPU."""
-    dataplane = options.dataplane
-    callers = options.process.workers * (dataplane.batching.num_batch_threads if dataplane.enable_batching else 1)
-    return dataplane.tensorflow_intra_op_parallelism or max(1, cores // callers)
+    dataplane_options = options.dataplane
+    per_worker = dataplane_options.batching.num_batch_threads if dataplane_options.enable_batching else 1
+    callers = options.process.workers * per_worker
+    return dataplane_options.tensorflow_intra_op_parallelism or max(1, cores // callers)
 
 
-def session_config(dataplane: DataPlaneOptions) -> config_pb2.ConfigProto:
+def session_config(dataplane_options: DataPlaneOptions) -> config_pb2.ConfigProto:
     """What TensorFlow reads only from the ConfigProto its runtime starts with, as tensorflow_model_server puts it
     in its session config: whether idle pool threads spin-wait (--tensorflow_thread_spinning) and the share of each
     GPU's memory the process takes (--per_process_gpu_memory_fraction; 0: TensorFlow's choice)."""
     config = config_pb2.ConfigProto()
-    config.experimental.disable_thread_spinning = not dataplane.tensorflow_thread_spinning
-    if dataplane.per_process_gpu_memory_fraction > 0:
-        config.gpu_options.per_process_gpu_memory_fraction = dataplane.per_process_gpu_memory_fraction
+    config.experimental.disable_thread_spinning = not dataplane_options.tensorflow_thread_spinning
+    if dataplane_options.per_process_gpu_memory_fraction > 0:
+        config.gpu_options.per_process_gpu_memory_fraction = dataplane_options.per_process_gpu_memory_fraction
     return config
 
 
@@ -72,11 +73,11 @@ def configure_runtime(options: ServerOptions, eager: context.Context) -> None:
     """Everything TensorFlow takes only before its runtime starts, given to `eager` (the process's eager
     context): the session config, GPU memory growth, the thread counts. RuntimeError once it has started."""
     cores = available_cores()
-    dataplane = options.dataplane
-    start_eager_context_with(session_config(dataplane), eager)
+    dataplane_options = options.dataplane
+    start_eager_context_with(session_config(dataplane_options), eager)
     share_gpus(tf.config.list_physical_devices("GPU"), options.process.workers)
     eager.intra_op_parallelism_threads = intra_op_threads(options, cores)
-    eager.inter_op_parallelism_threads = dataplane.tensorflow_inter_op_parallelism or cores
+    eager.inter_op_parallelism_threads = dataplane_options.tensorflow_inter_op_parallelism or cores
 
 
 def share_gpus(gpus: list, workers: int) -> None:

@@ -52,22 +52,22 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
 
 
 @contextmanager
-def in_process_core(loaded: bool = True, **options: object) -> Iterator[DataPlane]:
+def in_process_dataplane(loaded: bool = True, **options: object) -> Iterator[DataPlane]:
     """A real DataPlane in this process, its models loaded (no server, no polling): the in-process tests of every
     protocol call it through Flask's test client or a gRPC servicer. With `loaded=False` it is not waited for: for a
     config whose models have no versions on disk, where there is nothing to wait for and no readiness to reach."""
     from serving.config import DataPlaneOptions
     from serving.core import DataPlane
 
-    core = DataPlane.create(DataPlaneOptions(model_config=model_config(options), file_system_poll_wait_seconds=0,
+    dataplane = DataPlane.create(DataPlaneOptions(model_config=model_config(options), file_system_poll_wait_seconds=0,
                                              **options))
     try:
         if loaded:
-            core.wait_loaded()
-            assert core.ready(), "the models did not load"
-        yield core
+            dataplane.wait_loaded()
+            assert dataplane.ready(), "the models did not load"
+        yield dataplane
     finally:
-        core.close()
+        dataplane.close()
 
 
 def model_config(options: dict[str, object]):

@@ -1,5 +1,5 @@
 """Batch prediction jobs on Apache Beam or Apache Spark, the batched TPU path: `petal batch` (cli), the engine-free
-core, the driver's checks (preflight), the Beam job (job, sources, model_handler) and the Spark job (spark_job on the
+steps, the driver's checks (preflight), the Beam job (job, sources, model_handler) and the Spark job (spark_job on the
 driver, spark_tasks on the executors). Install with `pip install 'petal[batch]'` or `'petal[spark]'`.
 
 Importing this package imports TensorFlow without Keras, unless either is imported already. TensorFlow imports

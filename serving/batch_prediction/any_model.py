@@ -16,7 +16,7 @@ Serving's rules (serving/core/examples.py: one DT_STRING input `inputs`, and `cl
 else Predict; `--method` overrides it. Every batch is `batch_size` rows: the last real row repeats into the
 padding (a zero row may not even parse as the model's input) and the padding is cut off again. A batch that
 fails is run again row by row, so one bad record is one error line and its neighbours still get their answers.
-No Beam or Spark here: serving/batch_prediction/core.py calls this for both engines.
+No Beam or Spark here: serving/batch_prediction/steps.py calls this for both engines.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.batch_prediction import core, preflight
+from serving.batch_prediction import preflight, steps
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
@@ -29,7 +29,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model_dir", required=True,
                         help="a SavedModel version directory, or a base path (its latest version is used)")
     parser.add_argument("--input", required=True, help="file pattern of the inputs (local path or gs://...)")
-    parser.add_argument("--input_format", choices=core.FORMATS,
+    parser.add_argument("--input_format", choices=steps.FORMATS,
                         help="inferred from the pattern's extension when omitted: .tfrecord(s)/.tfr, "
                              ".jsonl/.json, .txt/.lst/.list (file list), anything else image files")
     parser.add_argument("--signature_name", default=None,
@@ -54,7 +54,7 @@ def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--batch_size must be at least 1")
     if args.top_k < 0:
         parser.error("--top_k must not be negative")
-    args.input_format = args.input_format or core.infer_format(args.input)
+    args.input_format = args.input_format or steps.infer_format(args.input)
     args.use_tpu = args.use_tpu or args.tpu is not None
     preflight.resolve_paths(args)
 
@@ -67,7 +67,7 @@ def run_and_report(run: Callable[[], dict[str, Any]]) -> int:
     except (preflight.CannotStart, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"petal batch: error: {e}", file=sys.stderr)
         return 2
-    return core.report(job_summary)
+    return steps.report(job_summary)
 
 
 def main(argv: list[str]) -> int:

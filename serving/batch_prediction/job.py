@@ -2,13 +2,13 @@
 
 Online serving answers single images; bulk scoring is a batch job, and on a TPU it needs fixed-size batches.
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the
-model on static padded batches (serving/batch_prediction/core.py, through model_handler.py) and writes sharded JSON
+model on static padded batches (serving/batch_prediction/steps.py, through model_handler.py) and writes sharded JSON
 Lines. Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
 results + errors.
 
 Beam pipeline options (--runner, --project, --region, --temp_location, --direct_num_workers,
 --direct_running_mode, ...) pass straight through, so the same job runs on the DirectRunner, Dataflow, Flink
-or Spark. `--engine=spark` runs the same records through the same core as a plain Spark job instead
+or Spark. `--engine=spark` runs the same records through the same steps as a plain Spark job instead
 (serving/batch_prediction/spark_job.py).
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
-from serving.batch_prediction import core, preflight
+from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
-from serving.batch_prediction.core import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
+from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class DecodeImages(beam.DoFn):
         self._info = info
 
     def setup(self) -> None:
-        self._decode = core.make_decoder(self._info)
+        self._decode = steps.make_decoder(self._info)
 
     def process(self, record: tuple[Any, bytes]) -> Iterator[Any]:
         stamp_work()
@@ -100,7 +100,7 @@ class FormatRows(beam.DoFn):
 
     def process(self, element: Any) -> Iterator[Any]:
         is_result, line = ((False, element.to_json()) if isinstance(element, Failure)
-                           else core.result_line(*cast(tuple[Any, Any], element), self._info, self._top_k))
+                           else steps.result_line(*cast(tuple[Any, Any], element), self._info, self._top_k))
         Metrics.counter(METRICS_NAMESPACE, "predicted" if is_result else "failed").inc()
         yield line if is_result else beam.pvalue.TaggedOutput(ERRORS, line)
         stamp_work()
@@ -154,7 +154,7 @@ def check_workers_read_the_model(model_dir: str, options: PipelineOptions) -> No
     local = {n.lower() for n in StandardOptions.LOCAL_RUNNERS}
     on_this_machine = (name.lower() in local or f"{name.lower()}runner" in local
                        or options.view_as(PortableOptions).environment_type == "LOOPBACK")
-    if not on_this_machine and not core.is_url(model_dir):
+    if not on_this_machine and not steps.is_url(model_dir):
         raise preflight.CannotStart(
             f"--model_dir {model_dir} is a folder on this machine, which the {name}'s workers cannot read: use a "
             "path every worker can read: gs://…, hdfs://…, or file:///… for a folder every worker mounts")
@@ -189,8 +189,8 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     result.wait_until_finish()
     seconds = time.monotonic() - started
     totals, processing = job_metrics(result)
-    counts = core.Counts(**{name: totals.get(name, 0) for name in core.Counts.__dataclass_fields__})
-    return core.summary(info, args.output_dir, counts, seconds, processing)
+    counts = steps.Counts(**{name: totals.get(name, 0) for name in steps.Counts.__dataclass_fields__})
+    return steps.summary(info, args.output_dir, counts, seconds, processing)
 
 
 def main(argv: list[str]) -> int:

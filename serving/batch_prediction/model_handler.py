@@ -3,7 +3,7 @@
 Beam's own TFModelHandlerTensor loads through Keras, which under Keras 3 cannot load a plain SavedModel, so
 this handler loads with tf.saved_model.load and calls the `predict_images` signature directly (any other
 SavedModel: its signature through the server's Servable), through the static padded batches of
-serving/batch_prediction/core.py that the Spark job uses too.
+serving/batch_prediction/steps.py that the Spark job uses too.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
 
-from serving.batch_prediction.core import (  # noqa: F401  (read_model_info and StaticBatchClassifier: the job's names)
+from serving.batch_prediction.steps import (  # noqa: F401  (read_model_info and StaticBatchClassifier: the job's names)
     BatchModel,
     ModelInfo,
     StaticBatchClassifier,

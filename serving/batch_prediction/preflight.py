@@ -18,7 +18,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from serving.batch_prediction import core
+from serving.batch_prediction import steps
 from serving.core.errors import ServingError, op_error_message
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class CannotStart(Exception):
 
 def absolute(path: str) -> str:
     """A local path as every process on this machine reads it, whatever its working directory; a URL as it is."""
-    return path if core.is_url(path) else os.path.abspath(os.path.expanduser(path))
+    return path if steps.is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def resolve_paths(args: argparse.Namespace, names: tuple[str, ...] = PATH_FLAGS) -> None:
@@ -51,18 +51,18 @@ def _reason(error: Exception) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
-def load_model(args: argparse.Namespace) -> core.ModelInfo:
+def load_model(args: argparse.Namespace) -> steps.ModelInfo:
     """The model read, loaded and its signature checked here, so that a model no worker could load stops the job
     before any starts. The loaded copy is dropped again: the workers load their own.
 
     A missing model or a signature the flags do not fit already says so in one line (FileNotFoundError,
     ValueError); what TensorFlow or protobuf raise about an unreadable one is cut to its first line."""
     try:
-        info = core.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
+        info = steps.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
     except (DecodeError, tf.errors.OpError) as error:
         raise CannotStart(f"--model_dir {args.model_dir}: cannot read the SavedModel: {_reason(error)}") from None
     try:
-        core.check_model(info)
+        steps.check_model(info)
     except (OSError, ValueError, KeyError, tf.errors.OpError, ServingError) as error:
         logger.info("model check failed", exc_info=True)
         raise CannotStart(f"--model_dir {args.model_dir}: cannot load {info.path}: {_reason(error)}") from None
@@ -71,9 +71,9 @@ def load_model(args: argparse.Namespace) -> core.ModelInfo:
 
 def check_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], list[str]],
                      delete: Callable[[list[str]], object], touch: Callable[[str], object]) -> None:
-    """Refuses a used folder (core.prepare_output_dir), then writes and deletes one empty file in it, so that a
+    """Refuses a used folder (steps.prepare_output_dir), then writes and deletes one empty file in it, so that a
     folder no task could write fails now rather than in every task. `touch` creates a file, and its folders."""
-    core.prepare_output_dir(output_dir, overwrite, match, delete)
+    steps.prepare_output_dir(output_dir, overwrite, match, delete)
     probe = posixpath.join(output_dir.rstrip("/"), WRITE_CHECK)
     try:
         touch(probe)

@@ -1,6 +1,6 @@
 """Reading and keying the four batch-job input formats as Beam transforms, without ever losing a record.
 
-The reading and keying itself is serving/batch_prediction/core.py's, shared with the Spark job; these DoFns only count
+The reading and keying itself is serving/batch_prediction/steps.py's, shared with the Spark job; these DoFns only count
 each input and route failures to their own output.
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from serving.batch_prediction import core
-from serving.batch_prediction.core import FORMATS, Failure
+from serving.batch_prediction import steps
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE
+from serving.batch_prediction.steps import FORMATS, Failure
 
 FAILED = "failed"
 
 
-def _counted(item: core.Record | Failure) -> Any:
+def _counted(item: steps.Record | Failure) -> Any:
     """One input read: counted, and a failure tagged for the errors output."""
     Metrics.counter(METRICS_NAMESPACE, "read").inc()
     return beam.pvalue.TaggedOutput(FAILED, item) if isinstance(item, Failure) else item
@@ -30,14 +30,14 @@ class ReadFiles(beam.DoFn):
     """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path."""
 
     def process(self, path: str) -> Iterator[Any]:
-        yield _counted(core.read_file(path, FileSystems.open))
+        yield _counted(steps.read_file(path, FileSystems.open))
 
 
 class ParseFileList(beam.DoFn):
     """One line of a file list to a path; relative paths are relative to the list file, so lists travel."""
 
     def process(self, element: tuple[str, str]) -> Iterator[str]:
-        path = core.file_list_path(*element)
+        path = steps.file_list_path(*element)
         if path:
             yield path
 
@@ -49,7 +49,7 @@ class ReadTFRecordFile(beam.DoFn):
         self._mode = mode
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in core.read_tfrecord_file(path, self._mode):
+        for item in steps.read_tfrecord_file(path, self._mode):
             yield _counted(item)
 
 
@@ -61,7 +61,7 @@ class ReadJsonLinesFile(beam.DoFn):
         self._mode = mode
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in core.read_jsonl_file(path, FileSystems.open, self._mode):
+        for item in steps.read_jsonl_file(path, FileSystems.open, self._mode):
             yield _counted(item)
 
 
@@ -72,7 +72,7 @@ class ReadRecords(beam.PTransform):
     are small), after reading for record files (one file may hold many images).
     """
 
-    def __init__(self, pattern: str, input_format: str, mode: str = core.IMAGES):
+    def __init__(self, pattern: str, input_format: str, mode: str = steps.IMAGES):
         super().__init__()
         if input_format not in FORMATS:
             raise ValueError(f"--input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")

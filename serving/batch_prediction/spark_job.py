@@ -7,7 +7,7 @@ model and checks its signature, lists the inputs and proves the output folder wr
 It then cuts the inputs into partitions: one per TFRecord or JSON Lines file (its records stream through one batch
 at a time), and `--rows_per_partition` paths per partition for image files and file lists. Each task
 (serving/batch_prediction/spark_tasks.py) reads, decodes, batches, predicts and formats its records with
-serving/batch_prediction/core.py, the code the Beam job runs, so both engines give the same lines for the same
+serving/batch_prediction/steps.py, the code the Beam job runs, so both engines give the same lines for the same
 records.
 
 A task writes its shard under `_temporary/` and renames it to `prediction.results-<partition>-of-<N>` when it has
@@ -41,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 from pyspark.sql import SparkSession
 
-from serving.batch_prediction import core, preflight
+from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
 from serving.batch_prediction.spark_tasks import TEMPORARY, PartitionJob, archived_name, score_partition
 from training import PROGRESS_LOGGER
@@ -95,7 +95,7 @@ def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tupl
         paths = []
         for list_file in files:
             with tf.io.gfile.GFile(list_file) as f:
-                paths += [p for p in (core.file_list_path(list_file, line) for line in f) if p]
+                paths += [p for p in (steps.file_list_path(list_file, line) for line in f) if p]
     count = math.ceil(len(paths) / rows_per_partition)
     return [paths[i * rows_per_partition:(i + 1) * rows_per_partition] for i in range(count)], len(paths)
 
@@ -111,7 +111,7 @@ def _touch(path: str) -> None:
         f.write("")  # GFile creates its file on the first write
 
 
-def ship_model(spark: SparkSession, info: core.ModelInfo) -> str | None:
+def ship_model(spark: SparkSession, info: steps.ModelInfo) -> str | None:
     """On a cluster, the model's version folder as an archive added to the job, which Spark unpacks beside every
     executor (spark_tasks.PartitionJob.executor_info reads it there); None where the executors read the driver's
     paths (`local[...]`) or the model is a URL, which every worker resolves itself.
@@ -120,7 +120,7 @@ def ship_model(spark: SparkSession, info: core.ModelInfo) -> str | None:
     (gs://, hdfs://, or file:///… for a folder every node mounts) opts out of the copy. The archive is not
     compressed (variables hardly compress) and stays until this process exits, since an executor that joins
     later fetches it too."""
-    if str(spark.sparkContext.master).startswith("local") or core.is_url(info.path):
+    if str(spark.sparkContext.master).startswith("local") or steps.is_url(info.path):
         return None
     folder = tempfile.mkdtemp(prefix="petal-model-")
     atexit.register(shutil.rmtree, folder, True)
@@ -135,7 +135,7 @@ def ship_model(spark: SparkSession, info: core.ModelInfo) -> str | None:
 
 def join_errors(job: PartitionJob) -> None:
     """The successful attempts' errors, in partition order, as the one errors file (written, then renamed)."""
-    final = posixpath.join(job.output_dir, core.ERRORS_FILE)
+    final = posixpath.join(job.output_dir, steps.ERRORS_FILE)
     with tf.io.gfile.GFile(f"{final}.tmp", "w") as out:
         for index in range(job.partitions):
             with tf.io.gfile.GFile(job.errors_part(index)) as part:
@@ -205,15 +205,15 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
     seconds = time.monotonic() - started
     join_errors(job)
     tf.io.gfile.rmtree(temporary)
-    counts = core.Counts()
+    counts = steps.Counts()
     for _, task_counts, _, _ in tasks:
-        counts.add(core.Counts(**task_counts))
+        counts.add(steps.Counts(**task_counts))
     shards = sorted(index for index, *_ in tasks)
     missing = [i for i in range(job.partitions) if not tf.io.gfile.exists(job.results_path(i))]
     verified = shards == list(range(job.partitions)) and not missing and (not paths or paths == counts.read)
     processing = max(t[3] for t in tasks) - min(t[2] for t in tasks) if tasks else 0.0
-    return core.summary(info, args.output_dir, counts, seconds, processing, verified=verified,
-                        engine="spark", partitions=job.partitions)
+    return steps.summary(info, args.output_dir, counts, seconds, processing, verified=verified,
+                         engine="spark", partitions=job.partitions)
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """What a Spark task runs in an executor's Python worker: one partition's records to a results shard.
 
 Kept apart from the driver's code (serving/batch_prediction/spark_job.py), so that unpickling a task imports only
-what scoring uses: this module, the engine-free core and TensorFlow (without Keras: see
+what scoring uses: this module, the engine-free steps and TensorFlow (without Keras: see
 serving/batch_prediction/__init__.py), never the driver's job, flags or checks, nor the any-model stack an image
 job does not run (docs/batch.md, 'Lean workers').
 
@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 from pyspark import SparkFiles, TaskContext
 
-from serving.batch_prediction import core
+from serving.batch_prediction import steps
 
 TEMPORARY = "_temporary"
 
@@ -32,7 +32,7 @@ class PartitionJob:
     """Everything a task needs, shipped to the executors with the partition function. `model_archive` names the
     archive of the model folder the driver added to the job, when the executors cannot read the driver's."""
 
-    info: core.ModelInfo
+    info: steps.ModelInfo
     input_format: str
     output_dir: str
     partitions: int
@@ -43,12 +43,12 @@ class PartitionJob:
     model_archive: str | None = None
 
     def results_path(self, index: int) -> str:
-        return posixpath.join(self.output_dir, f"{core.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
+        return posixpath.join(self.output_dir, f"{steps.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
 
     def errors_part(self, index: int) -> str:
         return posixpath.join(self.output_dir, TEMPORARY, f"errors-{index:05d}")
 
-    def executor_info(self) -> core.ModelInfo:
+    def executor_info(self) -> steps.ModelInfo:
         """The model as this executor reads it: the shipped copy's `<model>/<version>` folder, else the path as
         given (see spark_job.ship_model for the archive's layout)."""
         if self.model_archive is None:
@@ -67,15 +67,15 @@ def _open(path: str):
     return tf.io.gfile.GFile(path, "rb")
 
 
-def _read(input_format: str, mode: str, unit: Any) -> Iterator[core.Record | core.Failure]:
+def _read(input_format: str, mode: str, unit: Any) -> Iterator[steps.Record | steps.Failure]:
     if input_format == "tfrecord":
-        return core.read_tfrecord_file(unit, mode)
+        return steps.read_tfrecord_file(unit, mode)
     if input_format == "jsonl":
-        return core.read_jsonl_file(unit, _open, mode)
-    return (core.read_file(path, _open) for path in unit)
+        return steps.read_jsonl_file(unit, _open, mode)
+    return (steps.read_file(path, _open) for path in unit)
 
 
-_models: dict[tuple, tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]] = {}
+_models: dict[tuple, tuple[steps.BatchModel, steps.ImageDecoder | steps.PayloadDecoder]] = {}
 
 
 def _task() -> TaskContext:
@@ -85,7 +85,7 @@ def _task() -> TaskContext:
     return context
 
 
-def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core.PayloadDecoder]:
+def _model(job: PartitionJob) -> tuple[steps.BatchModel, steps.ImageDecoder | steps.PayloadDecoder]:
     """The model and decoder of this executor Python worker, loaded by its first task and kept for the others.
 
     TensorFlow's pools can only be sized before its runtime starts, so the first task sizes them to the cores
@@ -98,7 +98,7 @@ def _model(job: PartitionJob) -> tuple[core.BatchModel, core.ImageDecoder | core
             tf.config.threading.set_intra_op_parallelism_threads(cpus)
             tf.config.threading.set_inter_op_parallelism_threads(cpus)
         info = job.executor_info()
-        _models[key] = (core.load_model(info, job.batch_size, job.use_tpu, job.tpu), core.make_decoder(info))
+        _models[key] = (steps.load_model(info, job.batch_size, job.use_tpu, job.tpu), steps.make_decoder(info))
     return _models[key]
 
 
@@ -110,7 +110,7 @@ def score_partition(job: PartitionJob, index: int, units: Iterable[Any]) -> Iter
     and the model's loading out."""
     model, decoder = _model(job)
     started = time.time()
-    scorer = core.Scorer(decoder, model, job.info, job.top_k)
+    scorer = steps.Scorer(decoder, model, job.info, job.top_k)
     attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
     with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
         for out in (results, errors):

@@ -1,6 +1,6 @@
-"""The serving core: one per worker process, shared by REST, gRPC and KServe V2.
+"""The serving dataplane: one per worker process, shared by REST, gRPC and KServe V2.
 
-Protocols are thin adapters: they turn their wire format into numpy arrays and call `DataPlane.predict`; the core
+Protocols are thin adapters: they turn their wire format into numpy arrays and call `DataPlane.predict`; the dataplane
 resolves the servable, validates the inputs against its signature, and hands them to the one dynamic batcher, so
 requests from every protocol batch together on one model copy.
 """
@@ -50,7 +50,7 @@ class PredictResult:
     version: int
     signature_name: str
     outputs: dict[str, np.ndarray]
-    labels: list[str] = field(default_factory=list)  # the class names of the version that answered
+    class_names: list[str] = field(default_factory=list)  # of the version that answered
 
 
 # The value kinds each dtype takes, as TF Serving's JSON does: integers only for integer dtypes, any number for
@@ -188,11 +188,11 @@ class DataPlane:
             outputs = self._run_on(servable, key, info, arrays, deadline, api)
             if output_filter:
                 outputs = {k: outputs[k] for k in output_filter}
-            return PredictResult(servable.model, servable.version, key, outputs, servable.labels)
+            return PredictResult(servable.model, servable.version, key, outputs, servable.class_names)
 
-    def infer(self, model: str, tasks: list[examples.Task], request_input: input_pb2.Input,
-              version: int | None = None, label: str | None = None, deadline: float | None = None,
-              entrypoint: str = "REST", api: str = "classify") -> tuple[int, list[examples.Result]]:
+    def multi_inference(self, model: str, tasks: list[examples.Task], request_input: input_pb2.Input,
+                        version: int | None = None, label: str | None = None, deadline: float | None = None,
+                        entrypoint: str = "REST", api: str = "classify") -> tuple[int, list[examples.Result]]:
         """Classify and Regress tasks on one model's tf.Examples (one task for Classify or Regress, several for
         MultiInference), each run on the same serialized examples through the batcher.
 
@@ -218,7 +218,7 @@ class DataPlane:
                 if _image_task(task, info):
                     images_bytes = np.array(examples.example_images(serialized, IMAGE_INPUT), dtype=object)
                     outputs = self._run_on(servable, task.key, info, {IMAGE_INPUT: images_bytes}, deadline, api)
-                    rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.labels, ALL_CLASSES)
+                    rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.class_names, ALL_CLASSES)
                     results.append(examples.Result(task.method, task.key, classifications=rows))
                 else:
                     outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
@@ -238,7 +238,7 @@ class DataPlane:
         result = self.predict(model, image_inputs, version, label, signature_name,
                               output_filter=[PROBABILITIES_OUTPUT], deadline=deadline, entrypoint=entrypoint,
                               api="classify")
-        return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.labels, top_k)
+        return result.version, images.top_k(result.outputs[PROBABILITIES_OUTPUT], result.class_names, top_k)
 
     def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: Mapping[str, object],
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
@@ -363,7 +363,7 @@ class DataPlane:
     def create(cls, options: DataPlaneOptions, startup: Startup | None = None,
                drain_seconds: float = ProcessOptions.graceful_timeout,
                budget_after_load: Callable[[], tuple[int, int]] | None = None) -> DataPlane:
-        """A core serving `options.model_config`, its models loading in the background (readiness reports
+        """A DataPlane serving `options.model_config`, its models loading in the background (readiness reports
         progress). It has started once they have loaded and the ports `startup` waits for (none without one) have
         opened. An unloaded version's requests in flight get `drain_seconds` (--graceful_timeout) to finish. With
         `budget_after_load` the memory budget's limits are what it returns once the load is over; until then it
@@ -378,8 +378,8 @@ class DataPlane:
                                 loader(load_options, metrics, warmup=options.enable_model_warmup), metrics,
                                 options.file_system_poll_wait_seconds, on_unload=batcher.forget,
                                 drain_seconds=drain_seconds)
-        core = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
-                   startup=startup or Startup(), budget_after_load=budget_after_load)
+        dataplane = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
+                        startup=startup or Startup(), budget_after_load=budget_after_load)
         repository.start()
-        threading.Thread(target=core.wait_loaded, name="petal-startup", daemon=True).start()
-        return core
+        threading.Thread(target=dataplane.wait_loaded, name="petal-startup", daemon=True).start()
+        return dataplane

@@ -1,6 +1,6 @@
 """One error type for every protocol, carrying a TF status code (the same names and numbers as gRPC's).
 
-REST, gRPC and KServe V2 all sit on the same core, so the core raises a `Code` once and each protocol maps it:
+REST, gRPC and KServe V2 all sit on the same DataPlane, so it raises a `Code` once and each protocol maps it:
 REST with `Code.http_status` (TF Serving's, docs/protocols.md; the table is serving/status_codes.py, which clients
 read too), gRPC with `grpc.StatusCode[code.name]`. Both mappings are total over the enum, checked when that module and
 the gRPC adapter are imported, so nothing falls back silently.

@@ -88,9 +88,10 @@ def check_pixels(values: np.ndarray, limit: int) -> np.ndarray:
     return pixels
 
 
-def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tuple[str, float]]]:
-    """Per row, the k best (label, score) pairs, best first; class indices stand in for missing labels."""
+def top_k(probabilities: np.ndarray, class_names: list[str], k: int) -> list[list[tuple[str, float]]]:
+    """Per row, the k best (label, score) pairs, best first; class indices stand in for missing class names."""
     k = max(1, min(k, probabilities.shape[1]))
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-    names = labels if len(labels) == probabilities.shape[1] else [str(i) for i in range(probabilities.shape[1])]
+    width = probabilities.shape[1]
+    names = class_names if len(class_names) == width else [str(i) for i in range(width)]
     return [[(names[i], float(row[i])) for i in indices] for row, indices in zip(probabilities, order, strict=True)]

@@ -1,4 +1,4 @@
-"""One loaded model version: its signatures, labels and model, run and warmed up.
+"""One loaded model version: its signatures, class names and model, run and warmed up.
 
 Loading reads everything through the model-format contract (exported_models/model_format.py), so the server reads
 exactly what training wrote; serving/core/loaders.py picks how the version runs (TF2 functions, a TF1 Session, or
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 class Servable:
     """One loaded version; the repository counts the requests in flight on it, and `loader` below makes it for
-    the repository. `labels` are its class names (exported_models/model_format.py `class_names`).
+    the repository. `class_names` come from exported_models/model_format.py.
 
     `static_shapes` says whether running checks the signature's shapes itself (TF2 functions do); where it is
     False (a Session, TFLite) only the model's own ops check them, as in TF Serving. `batched` holds the signatures
@@ -40,7 +40,7 @@ class Servable:
         self.format = self._loaded.format
         self.signatures = self._loaded.signatures
         self.static_shapes = self._loaded.static_shapes
-        self.labels = model_format.class_names(path)
+        self.class_names = model_format.class_names(path)
         self.warmup_records = 0  # replayed by `warmup`
         self.batched = self._batched_signatures() if options.batching else frozenset()
 

@@ -26,19 +26,19 @@ def served_signature(signatures: dict[str, SignatureInfo]) -> SignatureInfo:
     return signatures.get(DEFAULT_SIGNATURE) or next(iter(signatures.values()))
 
 
-def batches(core: DataPlane, signature: SignatureInfo) -> bool:
+def batches(dataplane: DataPlane, signature: SignatureInfo) -> bool:
     """Whether the model batches in Triton's sense: batching is on and every input has a leading -1."""
-    return core.options.enable_batching and bool(signature.inputs) and all(
+    return dataplane.options.enable_batching and bool(signature.inputs) and all(
         t.shape and t.shape[0] == -1 for t in signature.inputs.values())
 
 
-def model_metadata(core: DataPlane, model: str, version: int | None) -> dict[str, Any]:
+def model_metadata(dataplane: DataPlane, model: str, version: int | None) -> dict[str, Any]:
     """V2 model metadata; without a version, `versions` lists every AVAILABLE one. Shapes are the signature's,
     except that an input of one value per row of a batching model is [-1, 1], as Triton derives it from the
     model configuration's dims [1] (perf_analyzer reads the shape there, and needs a dimension past the batch)."""
-    resolved, signatures = core.signatures(model, version)
+    resolved, signatures = dataplane.signatures(model, version)
     signature = served_signature(signatures)
-    batched = batches(core, signature)
+    batched = batches(dataplane, signature)
 
     def shape(t: TensorInfo, is_input: bool) -> list[int]:
         if t.shape is None:
@@ -49,7 +49,7 @@ def model_metadata(core: DataPlane, model: str, version: int | None) -> dict[str
         return [{"name": name, "datatype": DATATYPES.get(t.dtype, t.dtype), "shape": shape(t, is_input)}
                 for name, t in infos.items()]
 
-    versions = [str(v) for v in core.available_versions(model)] if version is None else [str(resolved)]
+    versions = [str(v) for v in dataplane.available_versions(model)] if version is None else [str(resolved)]
     return {"name": model, "versions": versions, "platform": PLATFORM, "inputs": tensors(signature.inputs, True),
             "outputs": tensors(signature.outputs, False)}
 
@@ -74,7 +74,7 @@ def with_triton_dims(inputs: dict[str, np.ndarray]) -> Callable[[SignatureInfo],
     return for_signature
 
 
-def model_config(core: DataPlane, model: str, version: int | None) -> dict[str, Any]:
+def model_config(dataplane: DataPlane, model: str, version: int | None) -> dict[str, Any]:
     """Triton's ModelConfig of the served signature of `version` (the latest when None).
 
     With batching on and every input batched (`batches`), the model batches in Triton's sense: max_batch_size
@@ -83,10 +83,10 @@ def model_config(core: DataPlane, model: str, version: int | None) -> dict[str, 
     dims (`with_triton_dims` takes it either way). Otherwise max_batch_size is 0 and dims are the whole shapes, as
     Triton has them for a model it does not batch.
     """
-    _, signatures = core.signatures(model, version)
+    _, signatures = dataplane.signatures(model, version)
     signature = served_signature(signatures)
-    batching = core.options.batching
-    batched = batches(core, signature)
+    batching = dataplane.options.batching
+    batched = batches(dataplane, signature)
 
     def tensor(name: str, t: TensorInfo) -> dict[str, Any]:
         if t.shape is None:
@@ -109,7 +109,7 @@ def model_config(core: DataPlane, model: str, version: int | None) -> dict[str, 
     return config
 
 
-def model_statistics(core: DataPlane, model: str | None, version: int | None) -> dict[str, Any]:
+def model_statistics(dataplane: DataPlane, model: str | None, version: int | None) -> dict[str, Any]:
     """Triton's ModelStatisticsResponse: every AVAILABLE version of `model` (of every model when None).
 
     Petal times a model execution as one call, input conversion included, so compute_input and compute_output
@@ -122,7 +122,7 @@ def model_statistics(core: DataPlane, model: str | None, version: int | None) ->
         return duration(count, 0.0)
 
     entries = []
-    for name, number, s in core.statistics(model, version):
+    for name, number, s in dataplane.statistics(model, version):
         entries.append({
             "name": name, "version": str(number), "last_inference": s.last_inference_ms,
             "inference_count": s.inference_count, "execution_count": sum(b.count for b in s.batches.values()),

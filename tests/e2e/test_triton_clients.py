@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from foreign_models import tf2_module
 from grpc_calls import predict_request
-from server_harness import in_process_core, jpeg, run_server, tiny_model_base
+from server_harness import in_process_dataplane, jpeg, run_server, tiny_model_base
 from tls_certs import make_pki
 
 TOKEN = "predict-token-0123456789abcdef"
@@ -356,8 +356,9 @@ def test_without_batching_the_config_has_whole_shapes_and_metadata_the_signature
     from serving.protocols.rest.app import create_app
 
     tf2_module(str(tmp_path / "half"))
-    with in_process_core(model_base_path=str(tmp_path / "half"), model_name="half", enable_batching=False) as core:
-        client = create_app(core).test_client()
+    with in_process_dataplane(model_base_path=str(tmp_path / "half"), model_name="half",
+                              enable_batching=False) as dataplane:
+        client = create_app(dataplane).test_client()
         config = client.get("/v2/models/half/config").get_json()
         assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
         assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}]

@@ -22,11 +22,11 @@ JPEG = jpeg()
 
 
 @pytest.fixture(scope="module")
-def client(dataplane, tmp_path_factory):
+def client(make_dataplane, tmp_path_factory):
     config = tmp_path_factory.mktemp("sizes") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" } }')
-    return create_app(dataplane(model_config_file=str(config))).test_client()
+    return create_app(make_dataplane(model_config_file=str(config))).test_client()
 
 
 def binary(spec: dict, tail: bytes) -> dict:

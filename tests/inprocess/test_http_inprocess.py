@@ -44,17 +44,17 @@ OUTPUTS = {"class", "classid", "probabilities"}
 
 
 @pytest.fixture(scope="module")
-def core(dataplane, tmp_path_factory):
+def dataplane(make_dataplane, tmp_path_factory):
     """One DataPlane serving the tiny model as version 1 with the label "stable", small body and pixel limits."""
     config = tmp_path_factory.mktemp("inprocess") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    return dataplane(model_config_file=str(config), max_image_pixels=MAX_IMAGE_PIXELS)
+    return make_dataplane(model_config_file=str(config), max_image_pixels=MAX_IMAGE_PIXELS)
 
 
 @pytest.fixture(scope="module")
-def client(core):
-    return create_app(core, PROTOCOLS).test_client()
+def client(dataplane):
+    return create_app(dataplane, PROTOCOLS).test_client()
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
@@ -806,8 +806,8 @@ def test_healthz_and_readyz(client):
     assert ok_json(client.get("/readyz")) == {"status": "ready", "models": ["flowers"]}
 
 
-def test_shutting_down_is_not_ready_and_says_when_to_retry(client, core, monkeypatch):
-    monkeypatch.setattr(core.startup, "_draining", True)
+def test_shutting_down_is_not_ready_and_says_when_to_retry(client, dataplane, monkeypatch):
+    monkeypatch.setattr(dataplane.startup, "_draining", True)
     response = client.get("/readyz")
     assert_error(response, 503, "Not ready: shutting down$")
     assert response.headers["Retry-After"] == "1"
@@ -889,7 +889,7 @@ def test_openapi_contract_is_a_valid_openapi_3_1_document(metrics_path):
     assert [p for p in document["paths"] if "metrics" in p] == ([metrics_path] if metrics_path else [])
 
 
-def test_openapi_contract_describes_every_url_rule_and_nothing_else(client, core):
+def test_openapi_contract_describes_every_url_rule_and_nothing_else(client, dataplane):
     """The drift guard: a route added, removed or renamed without the contract (or the other way) fails here."""
     served = operations_served(client.application)
     documented = operations_documented(contract(PROTOCOLS.metrics_path))
@@ -898,7 +898,7 @@ def test_openapi_contract_describes_every_url_rule_and_nothing_else(client, core
     assert len(served) > 30
 
 
-def test_openapi_json_is_served(client, core):
+def test_openapi_json_is_served(client, dataplane):
     assert ok_json(client.get("/openapi.json")) == contract(PROTOCOLS.metrics_path)
 
 

@@ -129,36 +129,36 @@ def test_the_core_settles_its_budget_after_the_load_and_before_it_starts(measure
     order: list[str] = []
 
     def measure() -> tuple[int, int]:
-        order.append("loaded" if core.repository.ready() else "loading")
-        assert not core.startup.done, "the gate opens only once the budget is known"
+        order.append("loaded" if dataplane.repository.ready() else "loading")
+        assert not dataplane.startup.done, "the gate opens only once the budget is known"
         if measured is None:
             raise OSError("no cgroup files")
         return measured
 
     options = DataPlaneOptions(model_config_for("flowers", tiny_model_base()), file_system_poll_wait_seconds=0,
                                memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS)
-    core = DataPlane.create(options, budget_after_load=measure)
+    dataplane = DataPlane.create(options, budget_after_load=measure)
     try:
-        assert core.wait_started(time.monotonic() + 60)
-        core.wait_loaded()  # a second caller does not measure again
+        assert dataplane.wait_started(time.monotonic() + 60)
+        dataplane.wait_loaded()  # a second caller does not measure again
         assert order == ["loaded"]
-        assert (core.memory.limit, core.memory.pixel_limit) == (measured or (BUDGET, PIXELS))
-        core.memory.hold(1).release()
+        assert (dataplane.memory.limit, dataplane.memory.pixel_limit) == (measured or (BUDGET, PIXELS))
+        dataplane.memory.hold(1).release()
     finally:
-        core.close()
+        dataplane.close()
 
 
 # --- over HTTP ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def core(dataplane):
-    return dataplane(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS,
+def dataplane(make_dataplane):
+    return make_dataplane(model_base_path=tiny_model_base(), memory_budget_bytes=BUDGET, max_inflight_pixels=PIXELS,
                      max_image_pixels=PIXELS)
 
 
 @pytest.fixture(scope="module")
-def client(core):
-    return create_app(core, ProtocolOptions(rest_api_timeout_in_ms=10_000)).test_client()
+def client(dataplane):
+    return create_app(dataplane, ProtocolOptions(rest_api_timeout_in_ms=10_000)).test_client()
 
 
 def predict_body(images: int = 1, padding: int = 0) -> bytes:
@@ -173,43 +173,43 @@ def refused(response, status: int) -> str:
     return body["error"]
 
 
-def test_a_request_holds_its_body_until_answered_then_gives_it_back(client, core):
+def test_a_request_holds_its_body_until_answered_then_gives_it_back(client, dataplane):
     seen = []
-    held = core.memory.hold(0)
+    held = dataplane.memory.hold(0)
     try:
-        original = core.predict
+        original = dataplane.predict
 
         def spy(*args, **kwargs):
-            seen.append(core.memory.held)
+            seen.append(dataplane.memory.held)
             return original(*args, **kwargs)
-        core.predict = spy
+        dataplane.predict = spy
         body = predict_body(padding=100_000)
         assert client.post(PREDICT, data=body, content_type="application/json").status_code == 200
     finally:
-        del core.predict
+        del dataplane.predict
         held.release()
     # the body before it was read, then its one value outside strings, held while it ran
     assert seen == [len(body) * BODY_BYTES_FACTOR + JSON_VALUE_BYTES]
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0
 
 
-def test_past_the_budget_the_answer_is_503_with_retry_after_before_the_body_is_read(client, core):
+def test_past_the_budget_the_answer_is_503_with_retry_after_before_the_body_is_read(client, dataplane):
     body = predict_body(padding=MiB)
-    with core.memory.hold(core.memory.body_limit - len(body) * BODY_BYTES_FACTOR + 1):
+    with dataplane.memory.hold(dataplane.memory.body_limit - len(body) * BODY_BYTES_FACTOR + 1):
         unread = io.BytesIO(body)
         response = client.post(PREDICT, input_stream=unread, content_length=len(body),
                                content_type="application/json")
         assert "memory budget" in refused(response, 503) and response.headers["Retry-After"] == "1"
         assert unread.tell() == 0, "refused before a byte of the body was read"
     assert client.post(PREDICT, data=body, content_type="application/json").status_code == 200
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0
 
 
-def test_a_chunked_body_is_charged_as_it_is_read(client, core):
+def test_a_chunked_body_is_charged_as_it_is_read(client, dataplane):
     body = predict_body(padding=MiB)
     headers = {"Transfer-Encoding": "chunked"}
     chunked = {"wsgi.input_terminated": True}
-    with core.memory.hold(core.memory.body_limit - MiB):
+    with dataplane.memory.hold(dataplane.memory.body_limit - MiB):
         stream = io.BytesIO(body)
         response = client.post(PREDICT, input_stream=stream, headers=headers, content_type="application/json",
                                environ_overrides=chunked)
@@ -218,11 +218,11 @@ def test_a_chunked_body_is_charged_as_it_is_read(client, core):
     response = client.post(PREDICT, input_stream=io.BytesIO(body), headers=headers,
                            content_type="application/json", environ_overrides=chunked)
     assert response.status_code == 200, response.get_data(as_text=True)
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0
 
 
-def test_more_than_the_budget_could_ever_hold_is_413(client, core):
-    too_big = predict_body(padding=core.memory.body_limit // BODY_BYTES_FACTOR)
+def test_more_than_the_budget_could_ever_hold_is_413(client, dataplane):
+    too_big = predict_body(padding=dataplane.memory.body_limit // BODY_BYTES_FACTOR)
     assert "memory budget" in refused(client.post(PREDICT, data=too_big, content_type="application/json"), 413)
     inflated = gzip.compress(too_big)  # small on the wire, charged as it inflates
     response = client.post(PREDICT, data=inflated, content_type="application/json",
@@ -230,29 +230,29 @@ def test_more_than_the_budget_could_ever_hold_is_413(client, core):
     assert "memory budget" in refused(response, 413)
     numbers = json.dumps({"instances": [[0.5] * 1000] * 100}).encode()  # 0.5 MB of JSON, 6.4 MB parsed
     assert "memory budget" in refused(client.post(PREDICT, data=numbers, content_type="application/json"), 413)
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0
 
 
-def test_errors_and_multipart_give_the_budget_back(client, core):
+def test_errors_and_multipart_give_the_budget_back(client, dataplane):
     assert client.post(PREDICT, data=b"{not json", content_type="application/json").status_code == 400
     response = client.post("/v1/models/flowers:classify_image", content_type="multipart/form-data",
                            data={"image": (io.BytesIO(jpeg()), "a.jpg")})
     assert response.status_code == 200, response.get_data(as_text=True)
     assert client.post("/v1/models/nope:predict", data=predict_body(), content_type="application/json"
                        ).status_code == 404
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0
 
 
-def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_are_decoded(client, core):
+def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_are_decoded(client, dataplane):
     """Two-byte BYTES elements are 6 bytes on the wire and about 40 decoded: the hold grows by the objects before
     the body is split into them, so a body well inside the budget that would decode past it is a 413."""
-    count = core.memory.body_limit // STRING_ELEMENT_BYTES + 1
+    count = dataplane.memory.body_limit // STRING_ELEMENT_BYTES + 1
     raw = frame([b"ab"] * count)
-    assert len(raw) * BODY_BYTES_FACTOR < core.memory.body_limit, "the body alone fits"
+    assert len(raw) * BODY_BYTES_FACTOR < dataplane.memory.body_limit, "the body alone fits"
     header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [count], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(raw)}}]}).encode()
     response = client.post("/v2/models/flowers/infer", data=header + raw,
                            headers={"Inference-Header-Content-Length": str(len(header))},
                            content_type="application/octet-stream")
     assert "memory budget" in refused(response, 413)
-    assert core.memory.held == 0
+    assert dataplane.memory.held == 0

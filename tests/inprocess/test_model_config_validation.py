@@ -47,13 +47,13 @@ class AbortingContext:
 
 
 @pytest.fixture(scope="module")
-def core(dataplane):
-    return dataplane(model_base_path=tiny_model_base(), model_name="flowers")
+def dataplane(make_dataplane):
+    return make_dataplane(model_base_path=tiny_model_base(), model_name="flowers")
 
 
-def reload(core, request_config: model_server_config_pb2.ModelServerConfig):
+def reload(dataplane, request_config: model_server_config_pb2.ModelServerConfig):
     request = model_management_pb2.ReloadConfigRequest(config=request_config)
-    return ModelService(core).HandleReloadConfigRequest(request, AbortingContext())
+    return ModelService(dataplane).HandleReloadConfigRequest(request, AbortingContext())
 
 
 # --- the rules --------------------------------------------------------------------------------------------------
@@ -93,25 +93,25 @@ def test_the_flags_are_checked_by_the_same_rules(tmp_path, capsys):
 
 # --- the reload RPC ---------------------------------------------------------------------------------------------
 
-def test_the_reload_rpc_refuses_a_platform_a_config_file_is_refused_for(core):
+def test_the_reload_rpc_refuses_a_platform_a_config_file_is_refused_for(dataplane):
     with pytest.raises(Aborted) as refused:
-        reload(core, config(platform="pytorch"))
+        reload(dataplane, config(platform="pytorch"))
     code, details = refused.value.args
     assert code == grpc.StatusCode.INVALID_ARGUMENT and BAD_PLATFORM in details
-    assert core.model_names() == ["flowers"] and core.ready(), "the running config is kept"
+    assert dataplane.model_names() == ["flowers"] and dataplane.ready(), "the running config is kept"
 
 
-def test_the_reload_rpc_refuses_a_model_without_a_base_path_and_takes_a_good_config(core):
+def test_the_reload_rpc_refuses_a_model_without_a_base_path_and_takes_a_good_config(dataplane):
     with pytest.raises(Aborted) as refused:
-        reload(core, config(base_path=""))
+        reload(dataplane, config(base_path=""))
     assert refused.value.args == (grpc.StatusCode.INVALID_ARGUMENT, "every config needs a name and a base_path")
-    assert reload(core, config()) == model_management_pb2.ReloadConfigResponse()
-    assert core.model_names() == ["flowers"]
+    assert reload(dataplane, config()) == model_management_pb2.ReloadConfigResponse()
+    assert dataplane.model_names() == ["flowers"]
 
 
-def test_the_dataplane_refuses_a_bad_config_as_invalid_argument(core):
+def test_the_dataplane_refuses_a_bad_config_as_invalid_argument(dataplane):
     with pytest.raises(ServingError) as refused:
-        core.reload_config(config(platform="pytorch"))
+        dataplane.reload_config(config(platform="pytorch"))
     assert refused.value.code == Code.INVALID_ARGUMENT and BAD_PLATFORM in refused.value.message
 
 

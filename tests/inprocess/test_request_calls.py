@@ -45,19 +45,19 @@ def options():
 
 
 @pytest.fixture(scope="module")
-def core(dataplane):
+def dataplane(make_dataplane):
     """With a memory budget, as a server measures one once its models have loaded: each request holds a share."""
-    return dataplane(model_base_path=tiny_model_base(), model_name="flowers", memory_budget_bytes=1 << 30)
+    return make_dataplane(model_base_path=tiny_model_base(), model_name="flowers", memory_budget_bytes=1 << 30)
 
 
 @pytest.fixture(scope="module")
-def worker(core, options):
+def worker(dataplane, options):
     """Petal's gevent worker as gunicorn configures it, serving the real app; gevent's patching is left out, so
     `handle` reads and writes a plain socket on the calling thread."""
     application = PetalApplication(options)
     worker = application.worker_class()(0, os.getpid(), [], application, 30, application.cfg,
                                         glogging.Logger(application.cfg))
-    worker.wsgi = create_app(core, options.protocols, options.security)
+    worker.wsgi = create_app(dataplane, options.protocols, options.security)
     worker.start_serving()
     return worker
 
@@ -113,11 +113,11 @@ class Context:
         return 10.0
 
 
-def grpc_calls(core, options) -> Callable[[int], None]:
+def grpc_calls(dataplane, options) -> Callable[[int], None]:
     """Serves n Predict calls through the gate (its deserializer, as grpcio's poller runs it, and its handler) and
     the PredictionService, serializing each response."""
-    gate = grpc_server.gate(core, options.protocols, options.security)
-    servicer = PredictionService(core, options.protocols.grpc_max_message_bytes)
+    gate = grpc_server.gate(dataplane, options.protocols, options.security)
+    servicer = PredictionService(dataplane, options.protocols.grpc_max_message_bytes)
     handler = grpc.unary_unary_rpc_method_handler(servicer.Predict, predict_pb2.PredictRequest.FromString,
                                                   predict_pb2.PredictResponse.SerializeToString)
     details = type("Details", (), {"method": PREDICT_METHOD, "invocation_metadata": ()})()
@@ -156,5 +156,5 @@ def test_v2_binary_infer(worker):
         Inference_Header_Content_Length=str(len(header))))))
 
 
-def test_grpc_predict(core, options):
-    check("grpc_predict", per_request(grpc_calls(core, options)))
+def test_grpc_predict(dataplane, options):
+    check("grpc_predict", per_request(grpc_calls(dataplane, options)))

@@ -20,18 +20,18 @@ INFER = "/v2/models/flowers/infer"
 
 
 @pytest.fixture(scope="module")
-def core_for(dataplane, tmp_path_factory):
+def dataplane_for(make_dataplane, tmp_path_factory):
     """Cores over one config (a model with a label, no versions on disk), one per option set, closed at the end."""
     root = tmp_path_factory.mktemp("web")
     config = root / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{root / "flowers"}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    return lambda **options: dataplane(loaded=False, model_config_file=str(config), **options)
+    return lambda **options: make_dataplane(loaded=False, model_config_file=str(config), **options)
 
 
 @pytest.fixture(scope="module")
-def client(core_for):
-    return create_app(core_for(), ProtocolOptions(cors_allowed_origins=(ALLOWED,))).test_client()
+def client(dataplane_for):
+    return create_app(dataplane_for(), ProtocolOptions(cors_allowed_origins=(ALLOWED,))).test_client()
 
 
 def preflight(client, path: str, origin: str):
@@ -71,15 +71,15 @@ def test_actual_requests_from_an_allowed_origin_can_read_answers_and_errors(clie
     assert ready.headers["Access-Control-Allow-Origin"] == ALLOWED
 
 
-def test_no_origin_is_allowed_by_default(core_for):
-    client = create_app(core_for()).test_client()
+def test_no_origin_is_allowed_by_default(dataplane_for):
+    client = create_app(dataplane_for()).test_client()
     for response in (preflight(client, CLASSIFY, ALLOWED),
                      client.get("/v1/models/flowers", headers={"Origin": ALLOWED})):
         assert "Access-Control-Allow-Origin" not in response.headers
 
 
-def test_a_wildcard_allows_any_origin(core_for):
-    client = create_app(core_for(), ProtocolOptions(cors_allowed_origins=("*",))).test_client()
+def test_a_wildcard_allows_any_origin(dataplane_for):
+    client = create_app(dataplane_for(), ProtocolOptions(cors_allowed_origins=("*",))).test_client()
     assert preflight(client, INFER, REFUSED).headers["Access-Control-Allow-Origin"] in ("*", REFUSED)
 
 
@@ -100,8 +100,8 @@ def test_the_web_ui_is_served_from_package_data(client, path, mimetype, text):
     assert text in response.get_data(as_text=True)
 
 
-def test_disable_web_ui_leaves_the_pages_out_and_the_apis_in(core_for):
-    client = create_app(core_for(), ProtocolOptions(disable_web_ui=True)).test_client()
+def test_disable_web_ui_leaves_the_pages_out_and_the_apis_in(dataplane_for):
+    client = create_app(dataplane_for(), ProtocolOptions(disable_web_ui=True)).test_client()
     for path in ("/", "/models", "/docs/", "/ui/classify.js"):
         response = client.get(path)
         assert response.status_code == 404 and response.get_json()["error"], path

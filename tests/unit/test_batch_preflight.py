@@ -8,7 +8,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from serving.batch_prediction import core, preflight
+from serving.batch_prediction import preflight, steps
 
 
 def test_local_paths_become_absolute_and_urls_stay_as_they_are(tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_a_corrupt_record_in_the_middle_is_one_error_at_its_byte_offset(tmp_path
     start = len(examples[0]) + 16  # the second record: 16 bytes of framing around each
     data[start + 12 + 1] ^= 0xFF  # a byte of its data: its CRC no longer matches
     open(path, "wb").write(bytes(data))
-    items = list(core.read_tfrecord_file(path, "classify"))
+    items = list(steps.read_tfrecord_file(path, "classify"))
     assert items[0] == ("r0", examples[0])
     (failure,) = items[1:]
     assert (failure.key, failure.status) == (f"{path}:1", "DATA_LOSS")
@@ -64,6 +64,6 @@ def test_a_corrupt_record_in_the_middle_is_one_error_at_its_byte_offset(tmp_path
 def test_a_whole_file_has_no_error_and_a_missing_one_is_one(tmp_path):
     path = str(tmp_path / "x.tfrecord")
     examples = _records(path, 3)
-    assert list(core.read_tfrecord_file(path, "classify")) == [(f"r{i}", e) for i, e in enumerate(examples)]
-    (failure,) = core.read_tfrecord_file(str(tmp_path / "gone.tfrecord"))
+    assert list(steps.read_tfrecord_file(path, "classify")) == [(f"r{i}", e) for i, e in enumerate(examples)]
+    (failure,) = steps.read_tfrecord_file(str(tmp_path / "gone.tfrecord"))
     assert (failure.key, failure.status) == (f"{tmp_path}/gone.tfrecord:0", "NOT_FOUND")

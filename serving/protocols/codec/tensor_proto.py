@@ -147,7 +147,7 @@ def element_count(name: str, shape: tuple[int, ...] | list[int], itemsize: int) 
 
 
 def decode(p: Plan) -> np.ndarray:
-    """The array of a checked tensor; strings are an object array of bytes, as the core expects."""
+    """The array of a checked tensor; strings are an object array of bytes, as the dataplane expects."""
     kind = p.kind
     if p.content is not None:
         return np.frombuffer(p.content, dtype=kind.dtype).reshape(p.shape)

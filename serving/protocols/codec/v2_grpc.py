@@ -104,6 +104,6 @@ def response_outputs(request: Any, result: PredictResult) -> list[OutputTensor]:
                 raise invalid(f"Output {o.name!r}: classification needs a positive integer on a numeric output")
     answered = []
     for name in [o.name for o in request.outputs] or list(result.outputs):
-        array = output(result.outputs[name], classes.get(name, 0), result.labels, name)
+        array = output(result.outputs[name], classes.get(name, 0), result.class_names, name)
         answered.append(OutputTensor(name, datatype_of(array), list(array.shape), binary_data(array)))
     return answered

@@ -204,7 +204,7 @@ def encode_response(request: Infer, result: PredictResult) -> tuple[bytes, int |
     requested = request.outputs or [Output(name, request.binary_output, 0) for name in result.outputs]
     entries, tail, finite = [], [], True
     for out in requested:
-        array = output(result.outputs[out.name], out.classes, result.labels, out.name)
+        array = output(result.outputs[out.name], out.classes, result.class_names, out.name)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype_of(array), "shape": list(array.shape)}
         if out.binary:
             raw = binary_data(array)

@@ -57,7 +57,7 @@ def binary_data(array: np.ndarray) -> bytes:
     return v2_bytes.frame(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
 
 
-def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+def classification(scores: np.ndarray, count: int, class_names: list[str]) -> np.ndarray:
     """Triton's classification extension: per row (all past the first dimension) the top `count` as
     "score:index[:label]" strings, [rows, count]; [count] for one row without a batch dimension. The row's width
     is stated, not left to reshape's -1, which cannot infer it for an empty batch."""
@@ -65,16 +65,16 @@ def classification(scores: np.ndarray, count: int, labels: list[str]) -> np.ndar
     out = []
     for row in rows:
         top = np.argsort(-row, kind="stable")[:count]
-        out.append([(f"{row[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "")).encode() for i in top])
+        out.append([(f"{row[i]:f}:{i}" + (f":{class_names[i]}" if i < len(class_names) else "")).encode() for i in top])
     top_count = min(count, rows.shape[1])
     return np.array(out, dtype=object).reshape((len(rows), top_count) if scores.ndim > 1 else (top_count,))
 
 
-def output(array: np.ndarray, classes: int, labels: list[str], name: str) -> np.ndarray:
+def output(array: np.ndarray, classes: int, class_names: list[str], name: str) -> np.ndarray:
     """An output as answered: with classes > 0, its top classes (Triton's classification extension), which only
     a numeric output has."""
     if not classes:
         return array
     if datatype_of(array) == "BYTES":
         raise invalid(f"Output {name!r}: classification needs a positive integer on a numeric output")
-    return classification(array, classes, labels)
+    return classification(array, classes, class_names)

@@ -20,14 +20,14 @@ class HealthService(health_pb2_grpc.HealthServicer):
     NOT_SERVING for a shutdown, so that they do not keep the worker alive through its grace period.
     """
 
-    def __init__(self, core: DataPlane) -> None:
-        self.core = core
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
 
     def serving_status(self, service: str) -> int | None:
         if not service:
-            ready = self.core.ready()
-        elif service in self.core.model_names():
-            ready = self.core.model_ready(service)
+            ready = self.dataplane.ready()
+        elif service in self.dataplane.model_names():
+            ready = self.dataplane.model_ready(service)
         else:
             return None
         return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -41,7 +41,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         last = None
         while context.is_active():
-            ending = self.core.draining()  # read before the status, so a status read after it is NOT_SERVING
+            ending = self.dataplane.draining()  # read before the status, so a status read after it is NOT_SERVING
             status = self.serving_status(request.service)
             status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
             if status != last:

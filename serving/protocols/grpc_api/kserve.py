@@ -25,8 +25,8 @@ from serving.protocols.grpc_api.common import deadline_of, rpc
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: DataPlane, max_message_bytes: int) -> None:
-        self.core = core
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+        self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
 
     @rpc
@@ -35,14 +35,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return service_pb2.ServerReadyResponse(ready=self.core.ready())
+        return service_pb2.ServerReadyResponse(ready=self.dataplane.ready())
 
     @rpc
     def ModelReady(self, request: service_pb2.ModelReadyRequest, context: grpc.ServicerContext) -> Any:
         """NOT_FOUND for a model the server does not have, as REST's 404."""
-        if request.name not in self.core.model_names():
+        if request.name not in self.dataplane.model_names():
             raise not_found(f"Could not find any versions of model {request.name}")
-        return service_pb2.ModelReadyResponse(ready=self.core.model_ready(request.name, version_of(request.version)))
+        ready = self.dataplane.model_ready(request.name, version_of(request.version))
+        return service_pb2.ModelReadyResponse(ready=ready)
 
     @rpc
     def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -50,18 +51,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelMetadata(self, request: service_pb2.ModelMetadataRequest, context: grpc.ServicerContext) -> Any:
-        return json_format.ParseDict(v2.model_metadata(self.core, request.name, version_of(request.version)),
+        return json_format.ParseDict(v2.model_metadata(self.dataplane, request.name, version_of(request.version)),
                                      service_pb2.ModelMetadataResponse())
 
     @rpc
     def ModelConfig(self, request: service_pb2.ModelConfigRequest, context: grpc.ServicerContext) -> Any:
-        config = v2.model_config(self.core, request.name, version_of(request.version))
+        config = v2.model_config(self.dataplane, request.name, version_of(request.version))
         return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     @rpc
     def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest, context: grpc.ServicerContext) -> Any:
         """An empty name is every model; an empty version every AVAILABLE version."""
-        stats = v2.model_statistics(self.core, request.name or None, version_of(request.version))
+        stats = v2.model_statistics(self.dataplane, request.name or None, version_of(request.version))
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
     @rpc
@@ -73,10 +74,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         def inputs(info: SignatureInfo) -> dict[str, Any]:
             return v2.with_triton_dims(v2_grpc.request_inputs(request, self.max_message_bytes))(info)
-        result = self.core.predict(model=request.model_name, inputs=inputs, version=version_of(request.model_version),
-                                   signature_name=signature.string_param if signature is not None else "",
-                                   output_filter=[output.name for output in request.outputs] or None,
-                                   deadline=deadline_of(context), entrypoint="GRPC")
+        result = self.dataplane.predict(model=request.model_name, inputs=inputs,
+                                        version=version_of(request.model_version),
+                                        signature_name=signature.string_param if signature is not None else "",
+                                        output_filter=[output.name for output in request.outputs] or None,
+                                        deadline=deadline_of(context), entrypoint="GRPC")
         response = service_pb2.ModelInferResponse(model_name=result.model, model_version=str(result.version),
                                                   id=request.id)
         for tensor in v2_grpc.response_outputs(request, result):
@@ -85,5 +87,5 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def add_to_server(core: DataPlane, server: grpc.Server, max_message_bytes: int) -> None:
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(core, max_message_bytes), server)
+def add_to_server(dataplane: DataPlane, server: grpc.Server, max_message_bytes: int) -> None:
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane, max_message_bytes), server)

@@ -56,14 +56,14 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
-def gate(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions) -> Gate:
+def gate(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions) -> Gate:
     """The interceptor every call of this worker's server passes."""
     return Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
-                core.memory.hold, receivers(core.memory.body_limit, protocols),
-                min(protocols.grpc_max_message_bytes, core.memory.body_limit), protocols.request_body_timeout)
+                dataplane.memory.hold, receivers(dataplane.memory.body_limit, protocols),
+                min(protocols.grpc_max_message_bytes, dataplane.memory.body_limit), protocols.request_body_timeout)
 
 
-def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
+def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
           reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
     --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
@@ -83,11 +83,12 @@ def start(core: DataPlane, protocols: ProtocolOptions, security: SecurityOptions
     if protocols.access_log:
         access_log.enable()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
-                         options=options, interceptors=[gate(core, protocols, security)])
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core, max_message), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, reload), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthService(core), server)
-    kserve.add_to_server(core, server, max_message)
+                         options=options, interceptors=[gate(dataplane, protocols, security)])
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane, max_message),
+                                                                       server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), server)
+    kserve.add_to_server(dataplane, server, max_message)
     for address in addresses:
         try:
             bound = (server.add_secure_port(address, server_credentials(security.tls)) if security.tls else

@@ -71,17 +71,17 @@ def inference_result(model: str, version: int, result: Result) -> inference_pb2.
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: DataPlane, max_message_bytes: int) -> None:
-        self.core = core
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+        self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        result = self.core.predict(inputs=tensor_proto.signature_inputs(request.inputs, self.max_message_bytes),
-                                   signature_name=request.model_spec.signature_name,
-                                   output_filter=list(request.output_filter) or None,
-                                   deadline=deadline_of(context), entrypoint="GRPC",
-                                   **model_spec_fields(request.model_spec))
+        result = self.dataplane.predict(inputs=tensor_proto.signature_inputs(request.inputs, self.max_message_bytes),
+                                        signature_name=request.model_spec.signature_name,
+                                        output_filter=list(request.output_filter) or None,
+                                        deadline=deadline_of(context), entrypoint="GRPC",
+                                        **model_spec_fields(request.model_spec))
         response = predict_pb2.PredictResponse(
             model_spec=resolved_spec(result.model, result.version, result.signature_name))
         for name, array in result.outputs.items():
@@ -90,15 +90,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
-        result = self.infer(request.model_spec, [Task(CLASSIFY_METHOD, request.model_spec.signature_name)],
-                            request.input, context, "classify")[0]
+        result = self.examples(request.model_spec, [Task(CLASSIFY_METHOD, request.model_spec.signature_name)],
+                               request.input, context, "classify")[0]
         return classification_pb2.ClassificationResponse(model_spec=result.model_spec,
                                                          result=result.classification_result)
 
     @rpc
     def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
-        result = self.infer(request.model_spec, [Task(REGRESS_METHOD, request.model_spec.signature_name)],
-                            request.input, context, "regress")[0]
+        result = self.examples(request.model_spec, [Task(REGRESS_METHOD, request.model_spec.signature_name)],
+                               request.input, context, "regress")[0]
         return regression_pb2.RegressionResponse(model_spec=result.model_spec, result=result.regression_result)
 
     @rpc
@@ -113,13 +113,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
         tasks = [Task(task.method_name, task.model_spec.signature_name) for task in request.tasks]
         return inference_pb2.MultiInferenceResponse(
-            results=self.infer(spec, tasks, request.input, context, "multi_inference"))
+            results=self.examples(spec, tasks, request.input, context, "multi_inference"))
 
-    def infer(self, spec: model_pb2.ModelSpec, tasks: list[Task], request_input: Any, context: grpc.ServicerContext,
-              api: str) -> list[inference_pb2.InferenceResult]:
+    def examples(self, spec: model_pb2.ModelSpec, tasks: list[Task], request_input: Any,
+                 context: grpc.ServicerContext, api: str) -> list[inference_pb2.InferenceResult]:
         fields = model_spec_fields(spec)
-        version, results = self.core.infer(fields["model"], tasks, request_input, fields["version"],
-                                           fields["label"], deadline_of(context), "GRPC", api)
+        version, results = self.dataplane.multi_inference(fields["model"], tasks, request_input, fields["version"],
+                                                          fields["label"], deadline_of(context), "GRPC", api)
         return [inference_result(fields["model"], version, result) for result in results]
 
     @rpc
@@ -132,7 +132,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             if field != "signature_def":
                 raise invalid(f"Metadata field {field} is not supported")
         spec = model_spec_fields(request.model_spec)
-        version, signatures = self.core.signatures(spec["model"], spec["version"], spec["label"])
+        version, signatures = self.dataplane.signatures(spec["model"], spec["version"], spec["label"])
         sig_map = get_model_metadata_pb2.SignatureDefMap(
             signature_def={name: signature_def(info) for name, info in signatures.items()})
         response = get_model_metadata_pb2.GetModelMetadataResponse(
@@ -145,17 +145,17 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     """`reload` applies a reload RPC's config: the worker's (serving/worker.py), which passes it on to the other
     workers; by default the DataPlane's own."""
 
-    def __init__(self, core: DataPlane,
+    def __init__(self, dataplane: DataPlane,
                  reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> None:
-        self.core = core
-        self.reload = reload or core.reload_config
+        self.dataplane = dataplane
+        self.reload = reload or dataplane.reload_config
 
     @rpc
     def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,
                        context: grpc.ServicerContext) -> Any:
         spec = model_spec_fields(request.model_spec)
         response = get_model_status_pb2.GetModelStatusResponse()
-        for status in self.core.status(spec["model"], spec["version"], spec["label"]):
+        for status in self.dataplane.status(spec["model"], spec["version"], spec["label"]):
             entry = response.model_version_status.add(
                 version=status.version, state=get_model_status_pb2.ModelVersionStatus.State.Value(status.state))
             entry.status.error_code = error_codes_pb2.Code.Value(status.error_code or "OK")

@@ -63,9 +63,9 @@ def charge_of(request: flask.Request) -> Charge:
     return hold.charge if hold is not None else no_charge
 
 
-def install(app: flask.Flask, core: DataPlane) -> None:
-    """Admit every request with a body against `core`'s budget (after authentication, if registered before)."""
-    budget = core.memory
+def install(app: flask.Flask, dataplane: DataPlane) -> None:
+    """Admit every request with a body against `dataplane`'s budget (after authentication, if registered before)."""
+    budget = dataplane.memory
     if budget.limit <= 0:
         return
 

@@ -93,9 +93,9 @@ def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
         return response
 
 
-def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
+def create_app(dataplane: DataPlane, protocols: ProtocolOptions | None = None,
                security: SecurityOptions | None = None) -> flask.Flask:
-    """The worker's HTTP app over `core`, with the listeners' and the security options (each group's defaults
+    """The worker's HTTP app over `dataplane`, with the listeners' and the security options (each group's defaults
     when not given)."""
     protocols = protocols or ProtocolOptions()
     security = security or SecurityOptions()
@@ -143,14 +143,14 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
     def wait_for_startup() -> None:
         """As TF Serving's clients expect, a model call made while the initial load runs is answered once it is
         over (or its REST deadline passes), rather than with "loading" or "not found"."""
-        if core.startup.done:  # open for good: no request needs looking at
+        if dataplane.startup.done:  # open for good: no request needs looking at
             return
         request = flask.request
         if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
                 and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
-            core.wait_started(time.monotonic() + protocols.rest_api_timeout_in_ms / 1000.0)
+            dataplane.wait_started(time.monotonic() + protocols.rest_api_timeout_in_ms / 1000.0)
 
-    admission.install(app, core)
+    admission.install(app, dataplane)
 
     @app.errorhandler(ServingError)
     def serving_error(error: ServingError) -> flask.Response:
@@ -178,10 +178,10 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
 
     @app.get("/readyz")
     def readyz() -> flask.Response:
-        if core.ready():
-            return json_response(strict_json.encode({"status": "ready", "models": core.model_names()}))
-        waiting = [m for m in core.model_names() if not core.model_ready(m)]
-        reason = "shutting down" if core.draining() else f"models without an AVAILABLE version: {waiting}"
+        if dataplane.ready():
+            return json_response(strict_json.encode({"status": "ready", "models": dataplane.model_names()}))
+        waiting = [m for m in dataplane.model_names() if not dataplane.model_ready(m)]
+        reason = "shutting down" if dataplane.draining() else f"models without an AVAILABLE version: {waiting}"
         return error_response(503, f"Not ready: {reason}")
 
     @app.get("/petal/models")
@@ -189,16 +189,16 @@ def create_app(core: DataPlane, protocols: ProtocolOptions | None = None,
         """The configured models and their version labels: TF Serving has no call that lists either, and the web
         UI's pickers need both."""
         return json_response(strict_json.encode({"models": [{"name": name, "version_labels": labels}
-                                                             for name, labels in core.version_labels().items()]}))
+                                                             for name, labels in dataplane.version_labels().items()]}))
 
     if protocols.metrics_path:
         @app.get(protocols.metrics_path)
         def metrics() -> flask.Response:
-            return flask.Response(core.metrics.render(), mimetype="text/plain; version=0.0.4")
+            return flask.Response(dataplane.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    app.register_blueprint(tfserving.create_blueprint(core, protocols))
-    app.register_blueprint(kserve.create_blueprint(core, protocols))
-    app.register_blueprint(kserve.create_extensions_blueprint(core))
+    app.register_blueprint(tfserving.create_blueprint(dataplane, protocols))
+    app.register_blueprint(kserve.create_blueprint(dataplane, protocols))
+    app.register_blueprint(kserve.create_extensions_blueprint(dataplane))
     app.register_blueprint(openapi.create_blueprint(protocols.metrics_path))
     if not protocols.disable_web_ui:
         app.register_blueprint(web.create_blueprint())

@@ -1,5 +1,5 @@
-"""TF Serving's REST API (docs/protocols.md) plus Petal's `:classify_image`, as a Flask blueprint over the core; the
-bodies are the TF Serving JSON codec's (serving/protocols/codec/tfserving_json.py).
+"""TF Serving's REST API (docs/protocols.md) plus Petal's `:classify_image`, as a Flask blueprint over the
+dataplane; the bodies are the TF Serving JSON codec's (serving/protocols/codec/tfserving_json.py).
 
 TF Serving matches its paths case-insensitively and puts the verb after a colon (`/v1/models/m:predict`). Flask's
 routing is case-sensitive, so `normalize_v1_path` lower-cases the fixed words of a /v1 path (never the model
@@ -64,19 +64,19 @@ def malformed() -> ServingError:
     return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
 
 
-def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
-    """TF Serving's /v1 API bound to `core` (the app registers the converters and the error handlers)."""
+def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
+    """TF Serving's /v1 API bound to `dataplane` (the app registers the converters and the error handlers)."""
     bp = flask.Blueprint("tfserving_v1", __name__, url_prefix="/v1/models")
     timeout = options.rest_api_timeout_in_ms / 1000.0
     spec_rules = {"latest": "/<segment:name>", "version": "/<segment:name>/versions/<segment:version>",
                   "label": "/<segment:name>/labels/<segment:label>"}
 
     def status(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        statuses = core.status(name, parse_version(version), label)
+        statuses = dataplane.status(name, parse_version(version), label)
         return json_response(strict_json.encode(tfserving_json.status_response(statuses)))
 
     def metadata(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        resolved, signatures = core.signatures(name, parse_version(version), label)
+        resolved, signatures = dataplane.signatures(name, parse_version(version), label)
         return json_response(strict_json.encode(tfserving_json.metadata_response(name, resolved, signatures)))
 
     def body() -> tuple[bytes, strict_json.Charge]:
@@ -86,22 +86,22 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
 
     def predict(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         request = tfserving_json.decode_predict(*body())
-        result = core.predict(name, request.tensors, version, label, request.signature_name, deadline=deadline)
+        result = dataplane.predict(name, request.tensors, version, label, request.signature_name, deadline=deadline)
         return json_response(tfserving_json.encode_predict(result.outputs, request.row_format))
 
-    def infer(method: str, name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
+    def examples(method: str, name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         """TF Serving's :classify and :regress: "examples" (and "context") as tf.Examples, answered as "results"."""
         request = tfserving_json.decode_examples(*body())
         api = "classify" if method == CLASSIFY_METHOD else "regress"
-        _, results = core.infer(name, [Task(method, request.signature_name)], request.input, version, label, deadline,
-                                api=api)
+        _, results = dataplane.multi_inference(name, [Task(method, request.signature_name)], request.input, version,
+                                               label, deadline, api=api)
         return json_response(tfserving_json.encode_results(results[0]))
 
     def classify(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
-        return infer(CLASSIFY_METHOD, name, version, label, deadline)
+        return examples(CLASSIFY_METHOD, name, version, label, deadline)
 
     def regress(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
-        return infer(REGRESS_METHOD, name, version, label, deadline)
+        return examples(REGRESS_METHOD, name, version, label, deadline)
 
     def classify_image(name: str, version: int | None, label: str | None, deadline: float) -> flask.Response:
         request = current_request()
@@ -118,7 +118,7 @@ def create_blueprint(core: DataPlane, options: ProtocolOptions) -> flask.Bluepri
                           f"'image'; got Content-Type {request.mimetype or 'none'!r}")
         if not data:
             raise invalid("The image is empty")
-        resolved, results = core.classify_images(name, [data], version, label, top_k=top_k, deadline=deadline)
+        resolved, results = dataplane.classify_images(name, [data], version, label, top_k=top_k, deadline=deadline)
         answer = {"model": name, "version": resolved,
                   "predictions": [{"label": lbl, "score": score} for lbl, score in results[0]]}
         return json_response(strict_json.encode(answer, all(math.isfinite(score) for _, score in results[0])))

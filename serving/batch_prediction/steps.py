@@ -1,4 +1,4 @@
-"""The batch job's engine-free core: what one record goes through, whichever engine moves the records.
+"""The batch job's engine-free steps: what one record goes through, whichever engine moves the records.
 
 Beam's DoFns (job, sources, model_handler) and Spark's partition function (spark_job) call these functions and
 nothing else for the work itself, so both engines read, key, decode, batch, predict and format alike:
@@ -218,7 +218,7 @@ class ModelInfo:
     path: str
     height: int
     width: int
-    labels: tuple[str, ...]
+    class_names: tuple[str, ...]
     signature: str = SIGNATURE
     mode: str = IMAGES
 
@@ -235,8 +235,8 @@ def read_model_info(model_dir: str, signature_name: str | None = None, method: s
     dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
-    labels = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
-    return ModelInfo(path=path, height=dims[1], width=dims[2], labels=labels)
+    class_names = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
+    return ModelInfo(path=path, height=dims[1], width=dims[2], class_names=class_names)
 
 
 def _any_model_info(path: str, signatures: dict, signature_name: str, method: str | None,
@@ -249,7 +249,7 @@ def _any_model_info(path: str, signatures: dict, signature_name: str, method: st
     if input_format is not None and input_format not in any_model.INPUT_FORMATS[mode]:
         raise ValueError(f"signature {signature_name!r} runs {mode}, which reads --input_format "
                          f"{' or '.join(any_model.INPUT_FORMATS[mode])}, not {input_format}")
-    return ModelInfo(path=path, height=0, width=0, labels=tuple(class_names(path)), signature=signature_name,
+    return ModelInfo(path=path, height=0, width=0, class_names=tuple(class_names(path)), signature=signature_name,
                      mode=mode)
 
 
@@ -286,7 +286,7 @@ class StaticBatchClassifier:
         if batch_size % self.replicas:
             raise ValueError(f"--batch_size {batch_size} is not a multiple of the {self.replicas} replicas")
         self.batch_size = batch_size
-        self.labels = np.array(info.labels, dtype=object)
+        self.class_names = np.array(info.class_names, dtype=object)
         with self.strategy.scope():
             self._loaded = tf.saved_model.load(info.path)
         signature = self._loaded.signatures[SIGNATURE]
@@ -315,7 +315,7 @@ class StaticBatchClassifier:
         padded = np.zeros((self.batch_size, *images.shape[1:]), np.float32)
         padded[:rows] = images
         outputs = {k: v.numpy()[:rows] for k, v in self._step(padded).items()}
-        outputs["class"] = self.labels[outputs["classid"]]
+        outputs["class"] = self.class_names[outputs["classid"]]
         return outputs
 
     def predict_rows(self, images: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -412,21 +412,21 @@ def make_decoder(info: ModelInfo) -> ImageDecoder | PayloadDecoder:
     return ImageDecoder(info.height, info.width) if info.mode == IMAGES else PayloadDecoder(info)
 
 
-def prediction_row(key: Any, prediction: dict[str, np.ndarray], labels: tuple[str, ...], top_k: int) -> dict:
+def prediction_row(key: Any, prediction: dict[str, np.ndarray], class_names: tuple[str, ...], top_k: int) -> dict:
     """One results line; `top_k` adds the best labels in the classify_image response's shape."""
     probabilities = prediction["probabilities"]
     row = {"class": str(prediction["class"]), "classid": int(prediction["classid"]),
            "probabilities": probabilities.tolist()}
     if top_k:
         best = np.argsort(-probabilities, kind="stable")[:top_k]
-        row["top_k"] = [{"label": labels[i], "score": float(probabilities[i])} for i in best]
+        row["top_k"] = [{"label": class_names[i], "score": float(probabilities[i])} for i in best]
     return {"key": key, "prediction": row}
 
 
 def result_line(key: Any, prediction: Any, info: ModelInfo, top_k: int) -> tuple[bool, str]:
     """One prediction as `(is_result, json_line)`: a row the model refused is an error line like any other."""
     if info.mode == IMAGES:
-        return True, json.dumps(prediction_row(key, prediction, info.labels, top_k))
+        return True, json.dumps(prediction_row(key, prediction, info.class_names, top_k))
     from serving.batch_prediction import any_model
 
     if isinstance(prediction, any_model.RowError):
