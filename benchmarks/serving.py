@@ -324,6 +324,15 @@ def grpc_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
     return Requests("grpc", port, GRPC_PREDICT, bodies, {}, pid)
 
 
+def requests_for(protocol: str, server, photos: list[bytes]) -> Requests:
+    """One of a Petal's three image columns."""
+    if protocol == "grpc":
+        return grpc_requests(server.grpc_port, server.proc.pid, photos)
+    if protocol == "v2":
+        return v2_binary_requests(server.rest_port, server.proc.pid, photos)
+    return petal_rest_requests(server, photos)
+
+
 def health_requests(protocol: str, port: int, pid: int) -> Requests:
     if protocol == "grpc":
         return Requests("grpc", port, GRPC_HEALTH, [b""], {}, pid)  # an empty HealthCheckRequest: service ""
@@ -486,10 +495,15 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
 
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
-SHORT = {"rest": "REST", "grpc": "gRPC", "v2": "V2", "baseline": "baseline", "gthread": "gthread", "ab": "A/B",
-         "before_rest": "REST before", "before_grpc": "gRPC before", "before_v2": "V2 before"}
-BEFORE = {"before_rest": "Petal REST, before", "before_grpc": "Petal gRPC, before",
-          "before_v2": "Petal V2 binary, before"}
+SHORT = {"rest": "REST", "grpc": "gRPC", "v2": "V2", "baseline": "baseline", "gthread": "gthread", "ab": "A/B"}
+PROTOCOLS = ("rest", "grpc", "v2")
+
+
+def before_columns(trees: list[str]) -> dict[str, str]:
+    """The columns of each --before checkout, keyed "<protocol>@<checkout's name>", with their titles."""
+    return {f"{protocol}@{os.path.basename(os.path.normpath(tree))}":
+            f"{TITLES[protocol]}, {os.path.basename(os.path.normpath(tree))}"
+            for tree in trees for protocol in PROTOCOLS}
 
 
 def cell(r: dict) -> str:
@@ -514,10 +528,10 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
           f"{limit.single_cpu_ms:.2f} ms CPU\n")
     ratios = ([("grpc", "rest"), ("v2", "rest")]
               + [("rest", other) for other in ("baseline", "gthread", "ab") if other in titles]
-              + [(col.removeprefix("before_"), col) for col in BEFORE if col in titles])
+              + [(col.split("@")[0], col) for col in titles if "@" in col])
     print("| concurrency | " + " | ".join(f"{titles[c]} img/s (p50 / p95 / p99 ms)" for c in columns)
           + " | REST / limit | gRPC / limit | V2 / limit | "
-          + " | ".join(f"{SHORT[a]} / {SHORT[b]}" for a, b in ratios) + " | "
+          + " | ".join(f"{SHORT[a]} / {SHORT.get(b, b)}" for a, b in ratios) + " | "
           + " | ".join(f"{titles[c]} server CPU ms/image" for c in columns) + " |")
     print("|---" * (2 * len(columns) + 4 + len(ratios)) + "|")
     for c in levels:
@@ -577,8 +591,9 @@ def main() -> int:
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     parser.add_argument("--ab_args", default="", help="one more REST column: a Petal with these flags added, to "
                         "measure what they change side by side (say --tensorflow_thread_nice=0)")
-    parser.add_argument("--before", default="", help="a checkout of an earlier Petal (say a worktree of the "
-                        "previous main): its REST, gRPC and V2 columns run side by side with this one's")
+    parser.add_argument("--before", action="append", default=[], help="a checkout of an earlier Petal (say a "
+                        "worktree of the previous main): its REST, gRPC and V2 columns run side by side with this "
+                        "one's; may be given more than once")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from serving import launcher
@@ -596,7 +611,7 @@ def main() -> int:
     limits = {name: in_process_limits(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
     titles = (dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
-              | (BEFORE if args.before else {}))
+              | before_columns(args.before))
     samples = {name: {col: [] for col in titles} for name in sets}
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
@@ -605,27 +620,24 @@ def main() -> int:
         others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:
             others["ab"] = petal("--port=0", *args.ab_args.split())
-        before = args.before and stack.enter_context(launcher.running(
-            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=args.before))
+        before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
+            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=tree))
+            for tree in args.before}
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid
         rest_port, grpc_port = server.rest_port, server.grpc_port
-        for each in (server, *others.values(), *([before] if before else [])):
+        for each in (server, *others.values(), *before.values()):
             wait_for_every_worker(petal_rest_requests(each, next(iter(sets.values()))))
         busy = [c for c in levels if c >= 16] or levels[-1:]
         ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
                     for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
         ceilings["flask"] = run_loadgen(health_requests("http", baseline_port, baseline_pid), busy, args.duration,
                                         args.warmup)
-        requests = {name: {"rest": petal_rest_requests(server, photos),
-                           "grpc": grpc_requests(grpc_port, pid, photos),
-                           "v2": v2_binary_requests(rest_port, pid, photos),
+        requests = {name: {**{protocol: requests_for(protocol, server, photos) for protocol in PROTOCOLS},
                            **{col: petal_rest_requests(other, photos) for col, other in others.items()},
                            "baseline": rest_requests(baseline_port, baseline_pid, photos),
-                           **({"before_rest": petal_rest_requests(before, photos),
-                               "before_grpc": grpc_requests(before.grpc_port, before.proc.pid, photos),
-                               "before_v2": v2_binary_requests(before.rest_port, before.proc.pid, photos)}
-                              if before else {})}
+                           **{f"{protocol}@{tree}": requests_for(protocol, earlier, photos)
+                              for tree, earlier in before.items() for protocol in PROTOCOLS}}
                     for name, photos in sets.items()}
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
             for name in sets:
