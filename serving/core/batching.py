@@ -445,7 +445,7 @@ class Batcher:
         if len(shapes) > 1:
             if not self.options.pad_variable_length_inputs or len({len(s) for s in shapes}) > 1:
                 raise invalid("Tensors from different requests have different shapes "
-                                   f"{sorted(shapes)} and padding is turned off")
+                              f"{sorted(shapes)} and padding is turned off")
             target = tuple(max(dims) for dims in zip(*shapes, strict=True))
             arrays = [_pad_to_shape(a, target) for a in arrays]
         return np.concatenate(arrays)
