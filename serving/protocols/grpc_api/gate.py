@@ -35,21 +35,41 @@ class Received:
             self.hold.release()
 
 
+class Lease:
+    """What a call holds while its message is received: a receive slot and a reservation of the budget for the
+    largest message. Given back once, by whichever comes first: the deserializer, as the message is complete, or
+    grpcio dropping a call whose message never came (a call cancelled before it sent one)."""
+    __slots__ = ("slot", "reservation")
+
+    def __init__(self, slot: threading.BoundedSemaphore, reservation: Any):
+        self.slot, self.reservation = slot, reservation
+
+    def release(self) -> None:
+        reservation, slot, self.reservation, self.slot = self.reservation, self.slot, None, None
+        if reservation is not None:
+            reservation.release()
+        if slot is not None:
+            slot.release()
+
+    __del__ = release
+
+
 class Gate(grpc.ServerInterceptor):
     """Every unary call's message is charged to the worker's memory budget as grpcio hands it over, before it is
     parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the budget is full the call
     is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable overload, not a client's quota)
-    without a parsed copy ever being made. grpcio would receive every call's message at once, each in full, before
-    any of them could be refused, so unary calls are served as stream-unary ones, which receive their message only
-    when asked: at most `receivers` messages are being received at a time (the others wait, their streams held to
-    HTTP/2's initial window with BDP probing off, see `start`), and each receive first reserves `reserve` bytes (the
-    largest message) of the budget, so a call the budget has no room for is refused before its message is read. A
-    call waits for a slot at most `receive_wait` seconds (--request_body_timeout, as a REST body) and is then
-    answered UNAVAILABLE, so a client that sends slowly delays the others by at most that. Probes (grpc.health.v1,
-    V2's ServerLive and ServerReady) pass untouched: tiny, open to all, and never to be refused by a busy budget.
-    Every other call passes auth (UNAUTHENTICATED, PERMISSION_DENIED); with --access_log, every call leaves a line.
-    Only unary calls are gated: TF Serving's services have no others, and V2's one stream (ModelStreamInfer)
-    answers UNIMPLEMENTED."""
+    without a parsed copy ever being made. grpcio receives a unary call's message as soon as a thread takes the
+    call, so at most `receivers` messages are received at a time, each under a `Lease`: a receive slot and a
+    reservation of `reserve` bytes (the largest message) of the budget, so a call the budget has no room for is
+    refused before its message is read. A call that finds a slot and room as it arrives is served as the unary
+    call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path); one that does not is served as a
+    stream-unary call, which receives its message only when asked: it waits for a slot at most `receive_wait`
+    seconds (--request_body_timeout, as a REST body) and is then answered UNAVAILABLE, so a client that sends
+    slowly delays the others by at most that, while the others' streams are held to HTTP/2's initial window (BDP
+    probing off, see server.py). Probes (grpc.health.v1, V2's ServerLive and ServerReady) pass untouched: tiny,
+    open to all, and never to be refused by a busy budget. Every other call passes auth (UNAUTHENTICATED,
+    PERMISSION_DENIED); with --access_log, every call leaves a line. Only unary calls are gated: TF Serving's
+    services have no others, and V2's one stream (ModelStreamInfer) answers UNIMPLEMENTED."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
                  receivers: int, reserve: int, receive_wait: float) -> None:
@@ -68,12 +88,12 @@ class Gate(grpc.ServerInterceptor):
         metadata = dict(details.invocation_metadata or ())
         needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
         behavior, parse = handler.unary_unary, handler.request_deserializer
-        reserved: list[Any] = []  # this call's reservation while it receives, replaced by its hold once received
+        leased: list[Lease] = []  # the call's lease while its message is received
 
         def deserialize(data: bytes) -> Received:
-            """Runs on grpcio's one polling thread, as each message is complete."""
-            for reservation in reserved:
-                reservation.release()
+            """Runs as the message is complete (on grpcio's polling thread for a stream-unary call)."""
+            for lease in leased:
+                lease.release()
             try:
                 hold = self.hold(len(data) * BODY_BYTES_FACTOR)
             except ServingError as err:
@@ -88,9 +108,8 @@ class Gate(grpc.ServerInterceptor):
                 hold.release()
                 raise
 
-        def gated(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
+        def gated(received: Received, context: grpc.ServicerContext) -> Any:
             try:
-                received = self.receive(messages, context, reserved)
                 self.authenticator.check(metadata.get("authorization"), needs)
                 if received.error is not None:
                     raise received.error
@@ -100,25 +119,48 @@ class Gate(grpc.ServerInterceptor):
                 return behavior(received.request, context)
 
         call = self.logged(gated, details.method, metadata) if self.log_requests else gated
-        return grpc.stream_unary_rpc_method_handler(call, request_deserializer=deserialize,
+        lease = self.lease_now()
+        if lease is not None:
+            leased.append(lease)
+            return grpc.unary_unary_rpc_method_handler(call, request_deserializer=deserialize,
+                                                       response_serializer=handler.response_serializer)
+
+        def queued(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
+            try:
+                received = self.receive(messages, context, leased)
+            except ServingError as err:
+                received = Received(0, error=err)
+            return call(received, context)
+
+        return grpc.stream_unary_rpc_method_handler(queued, request_deserializer=deserialize,
                                                     response_serializer=handler.response_serializer)
 
-    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, reserved: list[Any]) -> Received:
-        """The call's one message, received while holding one of the `receivers` slots and a reservation (which the
-        deserializer gives back before it charges the message; UNAVAILABLE when the budget has no room for it)."""
+    def lease_now(self) -> Lease | None:
+        """A lease for a call as it arrives, if a slot is free and the budget has room; None otherwise."""
+        if not self.receiving.acquire(blocking=False):
+            return None
+        try:
+            return Lease(self.receiving, self.hold(self.reserve))
+        except ServingError:
+            self.receiving.release()
+            return None
+
+    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, leased: list[Lease]) -> Received:
+        """The call's one message, received under a lease that waits for a slot (UNAVAILABLE when the budget has
+        no room for the message, or no slot frees in time)."""
         remaining = threads.timeout_until(deadline_of(context))
         if not self.receiving.acquire(timeout=self.receive_wait if remaining is None else
                                       min(remaining, self.receive_wait)):
             if remaining is not None and remaining <= self.receive_wait:
                 raise deadline_exceeded("Deadline exceeded waiting to receive the request")
             raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
+        lease = Lease(self.receiving, None)
         try:
-            reserved.append(self.hold(self.reserve))
+            lease.reservation = self.hold(self.reserve)
+            leased.append(lease)
             received = next(messages, None)
         finally:
-            for reservation in reserved:
-                reservation.release()
-            self.receiving.release()
+            lease.release()
         if received is None:
             raise invalid("A unary method requires exactly one request message")
         return received
@@ -127,19 +169,13 @@ class Gate(grpc.ServerInterceptor):
     def logged(behavior: Callable[..., Any], method: str, metadata: dict[str, str]) -> Callable[..., Any]:
         request_id = access_log.request_id(metadata.get(access_log.HEADER.lower()))
 
-        def call(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
-            started, response, seen = time.perf_counter(), None, []
-
-            def noted() -> Iterator[Received]:
-                for message in messages:
-                    seen.append(message)
-                    yield message
+        def call(received: Received, context: grpc.ServicerContext) -> Any:
+            started, response = time.perf_counter(), None
             context.send_initial_metadata(((access_log.HEADER.lower(), request_id),))
             try:
-                response = behavior(noted(), context)
+                response = behavior(received, context)
                 return response
             finally:
-                received = seen[0] if seen else Received(0)  # none came: the call failed before its message
                 request = received.request
                 spec = getattr(request, "model_spec", None)
                 version = spec.version.value if spec is not None and spec.HasField("version") else None
