@@ -42,7 +42,8 @@ class Lease:
     __slots__ = ("slot", "reservation")
 
     def __init__(self, slot: threading.BoundedSemaphore, reservation: Any):
-        self.slot, self.reservation = slot, reservation
+        self.slot: threading.BoundedSemaphore | None = slot
+        self.reservation = reservation
 
     def release(self) -> None:
         reservation, slot, self.reservation, self.slot = self.reservation, self.slot, None, None
