@@ -23,8 +23,10 @@
    client included, since both share this machine. A ratio to the limit is read against that bound. Each server's
    CPU per image is a column of the table, and at the first concurrency it is also compared with the CPU of one
    in-process single-image call, and its threads' context switches per request are counted.
-Everything runs side by side in one run, in interleaved rounds (each cell is the median round), so the ratios
-hold even though absolute times on a shared machine do not.
+Everything runs side by side in one run, in interleaved rounds (each cell is the median round; each round starts
+at another column), so the ratios hold even though absolute times on a shared machine do not. Against an earlier
+checkout, each round's own ratio is printed too, lowest to highest: a ratio of medians means something only
+beside that spread.
 """
 from __future__ import annotations
 
@@ -558,6 +560,21 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
         _bound(limit, ceilings, c)
 
 
+def spread(samples: dict[str, list[dict[int, dict]]], levels: list[int], titles: dict[str, str]) -> None:
+    """Each round's own ratio of a column to its earlier checkout's, lowest to highest: two medians can differ by
+    what the machine did between two runs, so a ratio of medians means something only beside this spread. The
+    columns run in another order each round, and two identical servers differ by as much here."""
+    for col in (c for c in titles if "@" in c):
+        mine = col.split("@")[0]
+        per_level = []
+        for c in levels:
+            ratios = sorted(a[c]["rps"] / max(b[c]["rps"], 1e-9)
+                            for a, b in zip(samples[mine], samples[col], strict=True))
+            per_level.append(f"{c}: {ratios[0]:.2f}–{ratios[-1]:.2f}")
+        print(f"{SHORT[mine]} / {titles[col]}, each round's ratio of images/s, lowest–highest, by concurrency: "
+              + ", ".join(per_level))
+
+
 def _bound(limit: Limit, ceilings: dict[str, dict[int, dict]], c: int) -> None:
     """What the cores allow when every image pays the model's best-batch CPU plus the cheapest possible request
     (the server's and the load generator's CPU for a /healthz or health Check on the same machine)."""
@@ -639,9 +656,11 @@ def main() -> int:
                            **{f"{protocol}@{tree}": requests_for(protocol, earlier, photos)
                               for tree, earlier in before.items() for protocol in PROTOCOLS}}
                     for name, photos in sets.items()}
+        columns = list(titles)
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
+            turn = round_ % len(columns)  # and each round starts at another column, so none is always first
             for name in sets:
-                for col in titles:
+                for col in columns[turn:] + columns[:turn]:
                     samples[name][col].append(run(requests[name][col]))
             print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     results = {name: {col: {c: median_run([each[c] for each in runs]) for c in levels} for col, runs in per.items()}
@@ -649,6 +668,7 @@ def main() -> int:
 
     for name, photos in sets.items():
         report(name, photos, limits[name], results[name], ceilings, levels, titles)
+        spread(samples[name], levels, titles)
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     errors = sum(r["errors"] for per in samples.values() for runs in per.values() for each in runs
