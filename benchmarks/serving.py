@@ -614,6 +614,9 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from serving import launcher
+    from serving.tensorflow_logs import import_tensorflow
+
+    import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
 
     base = args.model_base_path or default_model(args.image_size)
     from exported_models.model_format import latest_version
