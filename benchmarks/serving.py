@@ -6,7 +6,8 @@
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
 2. The limit: the exported `serving_default` signature called in-process on batches of the same JPEGs (best
    images/s over batch sizes, called by one thread or by one per core, under TensorFlow's default thread pools and
-   under Petal's one intra-op thread per caller), and its fastest single-image latency.
+   under Petal's one intra-op thread per caller), and its fastest single-image latency, measured in every round in
+   its turn among the servers (the median round is the one used).
 3. Petal (`petal serve`, defaults: the gevent front end) is driven over REST predict
    ({"instances": [{"b64": JPEG}]}), gRPC Predict (a DT_STRING TensorProto, the way TF Serving's example clients
    send it) and KServe V2 infer with Triton's binary BYTES extension; a second Petal with `--worker_class=gthread`
@@ -468,6 +469,7 @@ def health_requests(protocol: str, port: int, pid: int) -> Requests:
 # TensorFlow's own thread pools, and Petal's split (one intra-op thread per caller on a machine with as many cores
 # as callers): the limit is the better of the two, so a server tuned like Petal is not flattered by a limit that
 # is not.
+LIMIT = "limit"  # the in-process limit's turn in a round, among the columns
 THREAD_SETTINGS = {"TensorFlow's default threads": 0, "1 intra-op thread per caller": 1}
 
 
@@ -493,6 +495,18 @@ def in_process_limits(model_dir: str, photos: list[bytes], seconds: float) -> li
             for name, intra in THREAD_SETTINGS.items()]
     finally:
         os.unlink(f.name)
+
+
+def median_limits(rounds: list[list[Limit]]) -> list[Limit]:
+    """Each thread setting's limit over the rounds: the round of the median rate, with the median single-image
+    latency and CPU of all of them. The limit is measured in every round, in its turn among the servers, so a ratio
+    to it compares figures of the same stretch of the machine's drift."""
+    medians = []
+    for each in zip(*rounds, strict=True):
+        middle = sorted(each, key=lambda limit: limit.rate)[len(each) // 2]
+        medians.append(dataclasses.replace(middle, single_ms=float(np.median([x.single_ms for x in each])),
+                                           single_cpu_ms=float(np.median([x.single_cpu_ms for x in each]))))
+    return medians
 
 
 def limit_main(argv: list[str]) -> int:
@@ -750,11 +764,11 @@ def main() -> int:
     print(f"model {model_dir}; {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"{args.duration:g}s per run after {args.warmup:g}s warmup", flush=True)
 
-    limits = {name: in_process_limits(model_dir, photos, args.limit_seconds) for name, photos in sets.items()}
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
     titles = (dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
               | before_columns(args.before))
     samples = {name: {col: [] for col in titles} for name in sets}
+    limit_rounds: dict[str, list[list[Limit]]] = {name: [] for name in sets}
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
             launcher.running([f"--model_base_path={base}", *args.petal_args.split(), *flags], cwd=ROOT))
@@ -781,18 +795,25 @@ def main() -> int:
                            **{f"{protocol}@{tree}": requests_for(protocol, earlier, photos)
                               for tree, earlier in before.items() for protocol in PROTOCOLS}}
                     for name, photos in sets.items()}
-        columns = list(titles)
+        columns = [*titles, LIMIT]
         for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
             turn = round_ % len(columns)  # and each round starts at another column, so none is always first
-            for name in sets:
+            for name, photos in sets.items():
                 for col in columns[turn:] + columns[:turn]:
-                    samples[name][col].append(run(requests[name][col]))
+                    if col == LIMIT:
+                        limit_rounds[name].append(in_process_limits(model_dir, photos, args.limit_seconds))
+                    else:
+                        samples[name][col].append(run(requests[name][col]))
             print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     results = {name: {col: {c: median_run([each[c] for each in runs]) for c in levels} for col, runs in per.items()}
                for name, per in samples.items()}
 
     for name, photos in sets.items():
-        report(name, photos, limits[name], results[name], ceilings, levels, titles)
+        report(name, photos, median_limits(limit_rounds[name]), results[name], ceilings, levels, titles)
+        print("in-process, each round: " + "; ".join(
+            f"{each[0].threads}: " + ", ".join(f"{limit.rate:.0f}" for limit in each) + " images/s, single image "
+            + ", ".join(f"{limit.single_ms:.2f}" for limit in each) + " ms"
+            for each in zip(*limit_rounds[name], strict=True)))
         spread(samples[name], levels, titles)
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
