@@ -215,38 +215,42 @@ def _grpc_head(requests: Requests) -> bytes:
 
 
 class _H2Client:
-    """One gRPC client on a raw HTTP/2 connection: a unary call is two or three prebuilt frames written at once,
-    and its answer is read frame by frame. It is OK when a response message came and the stream ended after it
-    (a failed call ends with trailers only, or a reset, and no message). Flow control: this client opens its own
-    receive windows to the maximum at once; the server's windows are tracked and honoured before each send."""
+    """One gRPC client on a raw HTTP/2 connection: a unary call is its HEADERS frame (a header block built once)
+    and its message's DATA frames, written at once as far as the server's flow-control windows allow and the rest as
+    they open; its answer is read frame by frame. It is OK when a response message came and the stream ended after
+    it (a failed call ends with trailers only, or a reset, and no message). This client opens its own receive
+    windows to the maximum at once, so the server never waits for it."""
 
     def __init__(self, requests: Requests):
         self.sock = socket.create_connection(("127.0.0.1", requests.port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.head = _grpc_head(requests)
-        self.stream, self.send_window, self.stream_window = -1, 65535, 65535
+        self.stream, self.send_window, self.initial_window, self.stream_window = -1, 65535, 65535, 65535
+        self.unsent = b""  # the rest of the current call's message, for when the server's windows open
         self.pending = b""  # bytes of a frame not complete yet
         self.got_message = False
+        self.received = 0  # DATA bytes not yet given back to the server's connection window
         settings = (4).to_bytes(2, "big") + _MAX_WINDOW.to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE
         self.sock.sendall(_H2_PREFACE + _frame(_SETTINGS, 0, 0, settings)
                           + _frame(_WINDOW_UPDATE, 0, 0, (_MAX_WINDOW - 65535).to_bytes(4, "big")))
-        self.received = 0
 
-    def call(self, body: bytes) -> bool:
-        """Send one call; False if the server's windows do not have room for it yet (read, then try again)."""
-        message = b"\x00" + len(body).to_bytes(4, "big") + body
-        if len(message) > min(self.send_window, self.stream_window):
-            return False
+    def call(self, body: bytes) -> None:
         self.stream += 2
         self.got_message = False
-        frames = [_frame(_HEADERS, 0x4, self.stream, self.head)]  # END_HEADERS
-        for at in range(0, len(message), _DEFAULT_FRAME):
-            chunk = message[at:at + _DEFAULT_FRAME]
-            frames.append(_frame(_DATA, _END_STREAM if at + _DEFAULT_FRAME >= len(message) else 0, self.stream,
-                                 chunk))
-        self.send_window -= len(message)
-        self.sock.sendall(b"".join(frames))
-        return True
+        self.stream_window = self.initial_window
+        self.unsent = b"\x00" + len(body).to_bytes(4, "big") + body
+        self.sock.sendall(_frame(_HEADERS, 0x4, self.stream, self.head) + self._data())  # 0x4: END_HEADERS
+
+    def _data(self) -> bytes:
+        """DATA frames for as much of the message as both windows hold; the last one ends the stream."""
+        room = min(self.send_window, self.stream_window, len(self.unsent))
+        if room <= 0:
+            return b""
+        chunk, self.unsent = self.unsent[:room], self.unsent[room:]
+        self.send_window -= room
+        self.stream_window -= room
+        return b"".join(_frame(_DATA, 0 if self.unsent or at + _DEFAULT_FRAME < room else _END_STREAM, self.stream,
+                               chunk[at:at + _DEFAULT_FRAME]) for at in range(0, room, _DEFAULT_FRAME))
 
     def read(self, data: bytes) -> bool | None:
         """Feed received bytes: True or False once the current call ended (OK or not), None until then."""
@@ -263,12 +267,18 @@ class _H2Client:
             if kind == _SETTINGS and not flags & _ACK:
                 for i in range(0, len(payload), 6):
                     if int.from_bytes(payload[i:i + 2], "big") == 4:  # the server's INITIAL_WINDOW_SIZE
-                        self.stream_window = int.from_bytes(payload[i + 2:i + 6], "big")
+                        value = int.from_bytes(payload[i + 2:i + 6], "big")
+                        self.stream_window += value - self.initial_window  # RFC 9113, 6.9.2
+                        self.initial_window = value
                 replies.append(_frame(_SETTINGS, _ACK, 0, b""))
             elif kind == _PING and not flags & _ACK:
                 replies.append(_frame(_PING, _ACK, 0, payload))
-            elif kind == _WINDOW_UPDATE and stream == 0:
-                self.send_window += int.from_bytes(payload, "big") & _MAX_WINDOW
+            elif kind == _WINDOW_UPDATE and stream in (0, self.stream):
+                increment = int.from_bytes(payload, "big") & _MAX_WINDOW
+                if stream:
+                    self.stream_window += increment
+                else:
+                    self.send_window += increment
             elif kind == _GOAWAY:
                 raise ConnectionError("GOAWAY")
             elif stream == self.stream:
@@ -283,6 +293,8 @@ class _H2Client:
         if self.received > _MAX_WINDOW // 2:  # give the server back what it has sent, long before it must stop
             replies.append(_frame(_WINDOW_UPDATE, 0, 0, self.received.to_bytes(4, "big")))
             self.received = 0
+        if self.unsent and ended is None:
+            replies.append(self._data())
         if replies:
             self.sock.sendall(b"".join(replies))
         return ended
@@ -296,7 +308,7 @@ def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: f
     client makes one call at a time, as a blocking stub does."""
     selector = selectors.DefaultSelector()
     clients: list[_H2Client] = []
-    sent, counts, waiting = [0.0] * concurrency, list(range(concurrency)), [False] * concurrency
+    sent, counts = [0.0] * concurrency, list(range(concurrency))
 
     def connect(i: int) -> None:
         client = _H2Client(requests)
@@ -307,12 +319,11 @@ def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: f
         selector.register(client.sock, selectors.EVENT_READ, i)
 
     def fire(i: int) -> bool:
-        if not waiting[i]:  # a call held back for the server's window is timed from when it was due
-            sent[i] = time.monotonic()
+        sent[i] = time.monotonic()
         if sent[i] >= stop_at:
             return False
-        waiting[i] = not clients[i].call(requests.bodies[counts[i] % len(requests.bodies)])
-        counts[i] += not waiting[i]
+        clients[i].call(requests.bodies[counts[i] % len(requests.bodies)])
+        counts[i] += 1
         return True
 
     for i in range(concurrency):
@@ -329,9 +340,6 @@ def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: f
                 if not data:
                     raise ConnectionError("closed")
                 ended = clients[i].read(data)
-                if waiting[i]:  # a window update may have made room for the call that waits
-                    open_clients -= not fire(i)
-                    continue
                 if ended is None:
                     continue
                 ok = ended

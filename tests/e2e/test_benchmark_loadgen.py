@@ -68,6 +68,14 @@ def test_many_calls_on_one_connection_keep_flowing(bench, tiny_server, photos):
     assert result["errors"] == 0 and min(sent, received) > 2 * 65535, (result, sent, received)
 
 
+def test_a_message_larger_than_the_windows_is_sent_as_they_open(bench, tiny_server):
+    """A request over HTTP/2's initial 64 KiB windows goes out in parts, each once the server has made room."""
+    big = jpeg(size=400, quality=95)
+    assert len(big) > 2 * 65535
+    requests = bench.grpc_requests(tiny_server.grpc_port, tiny_server.proc.pid, [big])
+    assert run(bench, requests, concurrency=2)["errors"] == 0
+
+
 def test_refused_http_requests_are_errors(bench, tiny_server, photos):
     requests = bench.rest_requests(tiny_server.rest_port, tiny_server.proc.pid, photos)
     assert run(bench, requests)["errors"] == 0
