@@ -35,6 +35,7 @@ import argparse
 import base64
 import contextlib
 import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -46,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -134,60 +135,32 @@ def _response_end(buffer: bytes) -> tuple[int, bool] | None:
     return (total, head[9:12] == b"200") if len(buffer) >= total else None
 
 
-def _http_loop(requests: Requests, concurrency: int, start_at: float, stop_at: float,
-               latencies: list[list[float]], errors: list[int]) -> None:
-    """Every client's keep-alive connection on one selector in one thread: a few microseconds of Python per
-    request (http.client in a thread per client costs about 150), so the load generator takes little of the CPU
-    it shares with the server."""
-    payloads = _http_payloads(requests)
-    selector = selectors.DefaultSelector()
-    sockets: list[socket.socket] = []
-    buffers, sent, counts = [b""] * concurrency, [0.0] * concurrency, list(range(concurrency))
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
-    def connect(i: int) -> None:
-        sock = socket.create_connection(("127.0.0.1", requests.port), timeout=60)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if i < len(sockets):
-            sockets[i] = sock
-        else:
-            sockets.append(sock)
-        selector.register(sock, selectors.EVENT_READ, i)
 
-    def fire(i: int) -> bool:
-        sent[i] = time.monotonic()
-        if sent[i] >= stop_at:
-            return False
-        sockets[i].sendall(payloads[counts[i] % len(payloads)])
-        counts[i] += 1
-        return True
+class _H1Client:
+    """One HTTP/1.1 client on a keep-alive connection: a request is one write of a whole request built in advance,
+    its answer complete once its Content-Length has arrived (OK when it is a 200)."""
 
-    for i in range(concurrency):
-        connect(i)
-    open_clients = sum(fire(i) for i in range(concurrency))
-    while open_clients:
-        for key, _ in selector.select(timeout=60):
-            i, ok = key.data, False
-            try:
-                data = key.fileobj.recv(1 << 20)
-                if not data:
-                    raise ConnectionError("closed")
-                buffers[i] += data
-                end = _response_end(buffers[i])
-                if end is None:
-                    continue
-                buffers[i], ok = buffers[i][end[0]:], end[1]
-            except (OSError, ValueError):
-                selector.unregister(key.fileobj)
-                key.fileobj.close()
-                buffers[i] = b""
-                connect(i)
-            done = time.monotonic()
-            if sent[i] >= start_at and done <= stop_at:
-                latencies[i].append(done - sent[i])
-                errors[i] += not ok
-            open_clients -= not fire(i)
-    for sock in sockets:
-        sock.close()
+    def __init__(self, port: int, payloads: list[bytes]):
+        self.sock = _connect(port)
+        self.payloads = payloads
+        self.buffer = b""
+
+    def call(self, n: int) -> None:
+        self.sock.sendall(self.payloads[n % len(self.payloads)])
+
+    def read(self, data: bytes) -> bool | None:
+        """Feed received bytes: True or False once the answer is whole (a 200 or not), None until then."""
+        self.buffer += data
+        end = _response_end(self.buffer)
+        if end is None:
+            return None
+        self.buffer = self.buffer[end[0]:]
+        return end[1]
 
 
 # HTTP/2 as gRPC speaks it (RFC 9113): frame types, flags, and the settings this client sends
@@ -222,8 +195,8 @@ class _H2Client:
     windows to the maximum at once, so the server never waits for it."""
 
     def __init__(self, requests: Requests):
-        self.sock = socket.create_connection(("127.0.0.1", requests.port), timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = _connect(requests.port)
+        self.bodies = requests.bodies
         self.head = _grpc_head(requests)
         self.stream, self.send_window, self.initial_window, self.stream_window = -1, 65535, 65535, 65535
         self.unsent = b""  # the rest of the current call's message, for when the server's windows open
@@ -234,7 +207,8 @@ class _H2Client:
         self.sock.sendall(_H2_PREFACE + _frame(_SETTINGS, 0, 0, settings)
                           + _frame(_WINDOW_UPDATE, 0, 0, (_MAX_WINDOW - 65535).to_bytes(4, "big")))
 
-    def call(self, body: bytes) -> None:
+    def call(self, n: int) -> None:
+        body = self.bodies[n % len(self.bodies)]
         self.stream += 2
         self.got_message = False
         self.stream_window = self.initial_window
@@ -300,18 +274,19 @@ class _H2Client:
         return ended
 
 
-def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: float,
-               latencies: list[list[float]], errors: list[int]) -> None:
-    """Every gRPC client's own HTTP/2 connection on one selector in one thread, as `_http_loop` does for HTTP: a
-    few microseconds of Python a call, where grpcio's client costs 0.25–0.4 ms of CPU a call however it is driven
-    (a thread a client, futures, asyncio), which on this shared machine comes out of the server's share. Each
-    client makes one call at a time, as a blocking stub does."""
+def _closed_loop(make_client: Callable[[], _H1Client | _H2Client], concurrency: int, start_at: float,
+                 stop_at: float, latencies: list[list[float]], errors: list[int]) -> None:
+    """Every client's own connection on one selector in one thread, each making one call at a time (as a blocking
+    stub or a keep-alive HTTP client does): a few microseconds of Python a call, where http.client in a thread per
+    client costs about 0.15 ms and grpcio's client 0.22–0.48 ms however it is driven (a thread a client, futures,
+    asyncio), CPU that on this shared machine comes out of the server's share. A client whose connection fails is
+    counted an error and connects again."""
     selector = selectors.DefaultSelector()
-    clients: list[_H2Client] = []
+    clients: list[_H1Client | _H2Client] = []
     sent, counts = [0.0] * concurrency, list(range(concurrency))
 
     def connect(i: int) -> None:
-        client = _H2Client(requests)
+        client = make_client()
         if i < len(clients):
             clients[i] = client
         else:
@@ -322,7 +297,7 @@ def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: f
         sent[i] = time.monotonic()
         if sent[i] >= stop_at:
             return False
-        clients[i].call(requests.bodies[counts[i] % len(requests.bodies)])
+        clients[i].call(counts[i])
         counts[i] += 1
         return True
 
@@ -332,7 +307,7 @@ def _grpc_loop(requests: Requests, concurrency: int, start_at: float, stop_at: f
     while open_clients:
         events = selector.select(timeout=60)
         if not events:
-            raise TimeoutError("no gRPC client heard from the server for 60 s")
+            raise TimeoutError("no client heard from the server for 60 s")
         for key, _ in events:
             i = key.data
             try:
@@ -363,12 +338,15 @@ def loadgen(requests: Requests, concurrency: int, duration: float, warmup: float
     errors = [0] * concurrency
     start_at = time.monotonic() + warmup
     stop_at = start_at + duration
-    drive = _grpc_loop if requests.protocol == "grpc" else _http_loop
+    payloads = _http_payloads(requests) if requests.protocol == "http" else []
+    make_client: Callable[[], _H1Client | _H2Client] = (
+        functools.partial(_H2Client, requests) if requests.protocol == "grpc" else
+        functools.partial(_H1Client, requests.port, payloads))
     failed: list[BaseException] = []
 
     def clients() -> None:
         try:
-            drive(requests, concurrency, start_at, stop_at, latencies, errors)
+            _closed_loop(make_client, concurrency, start_at, stop_at, latencies, errors)
         except BaseException as error:  # a run whose clients broke down measured nothing: say so, do not report it
             failed.append(error)
     thread = threading.Thread(target=clients)
