@@ -142,9 +142,13 @@ def _worker(requests: int, queued: int, ready, done) -> None:
     done.wait(60)
 
 
-def test_workers_aggregate_through_the_directory(multiproc_dir):
-    # Spawned, not forked: this test process may already run other tests' threads (a DataPlane's, TensorFlow's),
-    # and a fork taken while one of them holds a lock (prometheus_client's included) hangs the child.
+def _master(directory: str, texts) -> None:
+    """A gunicorn master's part: prepare the directory, fork (here: spawn) two workers, render while they live,
+    and forget each as it is reaped. It runs in a process of its own because pytest's process may still run other
+    tests' threads (a DataPlane's loader), whose gauges would land in the directory under pytest's pid once this
+    process's values were switched to it, and stay there after both workers are gone."""
+    prepare_multiprocess(directory)
+    # Spawned, not forked: a fork taken while another thread holds a lock (prometheus_client's included) hangs.
     context = multiprocessing.get_context("spawn")
     done = context.Event()
     workers = []
@@ -155,28 +159,38 @@ def test_workers_aggregate_through_the_directory(multiproc_dir):
         assert ready.wait(60)
         workers.append(worker)
     try:
-        text = Metrics().render()  # any worker renders the same aggregate
-        assert f'{TFS}request_count{{model_name="flowers",status="OK"}} 7\n' in text
-        assert f'{TFS}request_latency_count{{model_name="flowers",API="predict",entrypoint="REST"}} 7\n' in text
-        assert ':petal:serving:batch_queue_depth{model_name="flowers"} 7\n' in text  # livesum
-        # livemax: two workers serving the same version still say 1, and only one series, with no pid label.
-        assert block(text, ":petal:serving:loaded_versions")[2:] == [
-            ':petal:serving:loaded_versions{model_name="flowers",version="1"} 1']
-        assert "_total" not in text and "pid=" not in text
+        rendered = [Metrics().render()]  # any worker renders the same aggregate
     finally:
         done.set()
         for worker in workers:
             worker.join(60)
-    assert [w.exitcode for w in workers] == [0, 0]
+    for worker in workers:
+        worker_exited(worker.pid)
+        rendered.append(Metrics().render())
+    texts.put(([w.exitcode for w in workers], rendered))
 
-    worker_exited(workers[0].pid)
-    text = Metrics().render()
-    assert ':petal:serving:batch_queue_depth{model_name="flowers"} 4\n' in text  # the dead worker's 3 is gone
-    assert f'{TFS}request_count{{model_name="flowers",status="OK"}} 7\n' in text  # counters keep its requests
-    worker_exited(workers[1].pid)
-    text = Metrics().render()
-    assert ":petal:serving:batch_queue_depth{" not in text
-    assert ":petal:serving:loaded_versions{" not in text
+
+def test_workers_aggregate_through_the_directory(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    texts = context.Queue()
+    master = context.Process(target=_master, args=(str(tmp_path / "prometheus"), texts))
+    master.start()
+    exitcodes, (text, one_gone, both_gone) = texts.get(timeout=180)
+    master.join(60)
+    assert master.exitcode == 0 and exitcodes == [0, 0]
+
+    assert f'{TFS}request_count{{model_name="flowers",status="OK"}} 7\n' in text
+    assert f'{TFS}request_latency_count{{model_name="flowers",API="predict",entrypoint="REST"}} 7\n' in text
+    assert ':petal:serving:batch_queue_depth{model_name="flowers"} 7\n' in text  # livesum
+    # livemax: two workers serving the same version still say 1, and only one series, with no pid label.
+    assert block(text, ":petal:serving:loaded_versions")[2:] == [
+        ':petal:serving:loaded_versions{model_name="flowers",version="1"} 1']
+    assert "_total" not in text and "pid=" not in text
+
+    assert ':petal:serving:batch_queue_depth{model_name="flowers"} 4\n' in one_gone  # the dead worker's 3 is gone
+    assert f'{TFS}request_count{{model_name="flowers",status="OK"}} 7\n' in one_gone  # counters keep its requests
+    assert ":petal:serving:batch_queue_depth{" not in both_gone
+    assert ":petal:serving:loaded_versions{" not in both_gone
 
 
 def test_remove_in_multiprocess_mode_hides_the_series(multiproc_dir):
