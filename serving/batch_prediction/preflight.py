@@ -44,7 +44,7 @@ def resolve_paths(args: argparse.Namespace, names: tuple[str, ...] = PATH_FLAGS)
             setattr(args, name, absolute(value))
 
 
-def _reason(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     """What went wrong, in one line: a TensorFlow error's own message without its op noise, else the first line."""
     if isinstance(error, tf.errors.OpError):
         return op_error_message(error.message)
@@ -60,12 +60,12 @@ def load_model(args: argparse.Namespace) -> steps.ModelInfo:
     try:
         info = steps.read_model_info(args.model_dir, args.signature_name, args.method, args.input_format)
     except (DecodeError, tf.errors.OpError) as error:
-        raise CannotStart(f"--model_dir {args.model_dir}: cannot read the SavedModel: {_reason(error)}") from None
+        raise CannotStart(f"--model_dir {args.model_dir}: cannot read the SavedModel: {first_line(error)}") from None
     try:
         steps.check_model(info)
     except (OSError, ValueError, KeyError, tf.errors.OpError, ServingError) as error:
         logger.info("model check failed", exc_info=True)
-        raise CannotStart(f"--model_dir {args.model_dir}: cannot load {info.path}: {_reason(error)}") from None
+        raise CannotStart(f"--model_dir {args.model_dir}: cannot load {info.path}: {first_line(error)}") from None
     return info
 
 
@@ -79,4 +79,4 @@ def check_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], li
         touch(probe)
         delete([probe])
     except (OSError, tf.errors.OpError) as error:
-        raise CannotStart(f"--output_dir {output_dir} cannot be written: {_reason(error)}") from None
+        raise CannotStart(f"--output_dir {output_dir} cannot be written: {first_line(error)}") from None

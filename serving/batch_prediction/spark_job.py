@@ -30,6 +30,7 @@ import math
 import os
 import posixpath
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -39,6 +40,8 @@ import uuid
 from typing import Any
 
 import tensorflow as tf
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from serving.batch_prediction import preflight, steps
@@ -52,6 +55,7 @@ progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal
 PROGRESS_SECONDS = 10.0
 # On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
 LOCAL_CONF: dict[str, Any] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+MASTER_CONNECT_SECONDS = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +147,22 @@ def join_errors(job: PartitionJob) -> None:
     tf.io.gfile.rename(f"{final}.tmp", final, overwrite=True)
 
 
+def check_master(master: str | None) -> None:
+    """A standalone master (spark://host:port, or an HA list host1:port1,host2:port2) must take a connection: Spark
+    itself tries each for a minute and then fails with a stopped SparkContext's Java traceback."""
+    if not master or not master.startswith("spark://"):
+        return
+    reasons = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=MASTER_CONNECT_SECONDS).close()
+            return
+        except (OSError, ValueError) as error:
+            reasons.append(f"{address}: {error.strerror if isinstance(error, OSError) and error.strerror else error}")
+    raise preflight.CannotStart(f"--spark_master {master}: no master answers ({'; '.join(reasons)})")
+
+
 def start_session(args: argparse.Namespace) -> SparkSession:
     builder = (SparkSession.builder.appName("petal batch").config("spark.ui.showConsoleProgress", "true")
                .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")))
@@ -177,6 +197,8 @@ def log_progress(spark: SparkSession, partitions: int, done: threading.Event) ->
 def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str, Any]:
     """Runs the job to completion on `spark` (or a session of its own) and returns the summary; what the driver
     can check (preflight) fails before Spark starts."""
+    if spark is None:
+        check_master(args.spark_master)
     info = preflight.load_model(args)
     units, paths = list_units(args.input, args.input_format, args.rows_per_partition)
     preflight.check_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob, _remove, _touch)
@@ -218,4 +240,8 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    return run_and_report(lambda: run(args))
+    try:
+        return run_and_report(lambda: run(args))
+    except (Py4JError, PySparkException) as error:  # Spark failed once asked: its first line, not Py4J's traceback
+        print(f"petal batch: error: Spark: {preflight.first_line(error)}", file=sys.stderr)
+        return 1

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -381,9 +382,27 @@ def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line_before_the_clu
     """Each failure the driver can see ends the job before any task, with no Spark traceback, in seconds where
     failing every task on the cluster (a model without its variables, before) took tens of them."""
     pattern = os.path.join(os.path.dirname(next(iter(images))), "*")
-    assert_each_fails_fast_in_one_line(
-        failing_jobs(tmp_path, model_dir, pattern, "--engine=spark", "--spark_master", cluster.url), capfd)
+    jobs = failing_jobs(tmp_path, model_dir, pattern, "--engine=spark", "--spark_master", cluster.url)
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        jobs["no master answers"] = ["--model_dir", model_dir, "--input", pattern, "--output_dir",
+                                     str(tmp_path / "out"), "--engine=spark", "--spark_master",
+                                     f"spark://127.0.0.1:{port},localhost:{port}"]
+        assert_each_fails_fast_in_one_line(jobs, capfd)
     assert not (tmp_path / "out").exists()
+
+
+def test_spark_failing_once_asked_is_one_line_and_exit_1(model_dir, images, tmp_path):
+    """What Spark raises once it is asked (here its JVM does not start: a heap too small) ends the job in one
+    line, exit 1, not Py4J's or PySpark's traceback."""
+    done = subprocess.run([sys.executable, "-m", "petal", "batch", *spark_args(
+        model_dir, os.path.join(os.path.dirname(next(iter(images))), "*"), str(tmp_path / "out"),
+        "--spark_master", "local[1]", "--spark_conf", "spark.driver.memory=1k")],
+        capture_output=True, text=True, cwd=ROOT, env=spark_env(), timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == ("petal batch: error: Spark: [JAVA_GATEWAY_EXITED] Java gateway process "
+                                            "exited before sending its port number."), done.stderr[-3000:]
 
 
 def test_the_keras_tripwire_on_the_executors_fires(spark):

@@ -86,11 +86,15 @@ def test_verbose_brings_tensorflows_lines_back():
     assert any(line.startswith("ready: flowers v1 on ") for line in screen)
 
 
-@pytest.mark.parametrize("command", [["predict", "IMAGE"], ["batch", "--help"]])
+@pytest.mark.parametrize("command", [["predict", "IMAGE"], ["batch", "--help"],
+                                     ["batch", "--model_dir", "exported_models/flowers", "--input", "IMAGE",
+                                      "--output_dir", "OUT"]])
 def test_predict_and_batch_import_tensorflow_quietly(command, tmp_path):
+    """A whole Beam job too: Beam 2.77's RunInference warned, on every model load, that it could not measure memory."""
     image = tmp_path / "flower.jpg"
     image.write_bytes(jpeg())
-    run = subprocess.run([sys.executable, "-m", "petal", *[str(image) if a == "IMAGE" else a for a in command]],
+    paths = {"IMAGE": str(image), "OUT": str(tmp_path / "out")}
+    run = subprocess.run([sys.executable, "-m", "petal", *[paths.get(a, a) for a in command]],
                          cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     assert run.stderr == "", run.stderr
