@@ -6,6 +6,7 @@ requests from every protocol batch together on one model copy.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -84,7 +85,11 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
             if array.size and want.kind in "iu" and (array.min() < np.iinfo(want).min or
                                                      array.max() > np.iinfo(want).max):
                 raise ValueError(f"values out of range of {want.name}")
-            array = array.astype(want, copy=False)
+            # Narrowed to float32 or half, a number past its range is inf, as TF Serving's cast (RapidJSON's
+            # GetFloat) makes it, without numpy's overflow warning on the server's stderr.
+            narrowing = want.kind == "f" and array.dtype.itemsize > want.itemsize
+            with np.errstate(over="ignore") if narrowing else contextlib.nullcontext():
+                array = array.astype(want, copy=False)
     except (TypeError, ValueError) as error:
         raise invalid(f"Input {name!r} expects {info.dtype}: {error}") from None
     if static_shapes:

@@ -70,6 +70,15 @@ def test_values_that_fit_are_converted():
     assert coerce("v", [[1.0]], TensorInfo("v", "DT_FLOAT", [-1]), static_shapes=False).shape == (1, 1)
 
 
+@pytest.mark.filterwarnings("error")
+def test_a_number_past_float32_is_infinity_without_a_warning():
+    """TF Serving takes a DT_FLOAT value with RapidJSON's GetFloat(), a cast: 1e300 is inf there too, and numpy's
+    overflow warning would reach the server's stderr outside its structured log."""
+    assert coerce("v", [1e300, -1e300, 1.5], TensorInfo("v", "DT_FLOAT", [-1])).tolist() == [
+        float("inf"), float("-inf"), 1.5]
+    assert coerce("v", [1e300], TensorInfo("v", "DT_HALF", [-1])).tolist() == [float("inf")]
+
+
 def test_orjson_writes_the_answer_with_the_values_of_the_python_path():
     """encode_predict writes most answers straight from the arrays with orjson: the same JSON values as through
     to_json's Python values, for every dtype it takes, both layouts and floats of every magnitude."""
