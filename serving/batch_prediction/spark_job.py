@@ -202,12 +202,12 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
     info = preflight.load_model(args)
     units, paths = list_units(args.input, args.input_format, args.rows_per_partition)
     preflight.check_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob, _remove, _touch)
-    temporary = posixpath.join(args.output_dir, TEMPORARY)
+    own_session = spark is None
+    spark = start_session(args) if spark is None else spark
+    temporary = posixpath.join(args.output_dir, TEMPORARY)  # once Spark runs: a failed start leaves nothing behind
     if tf.io.gfile.exists(temporary):
         tf.io.gfile.rmtree(temporary)
     tf.io.gfile.makedirs(temporary)
-    own_session = spark is None
-    spark = start_session(args) if spark is None else spark
     job = PartitionJob(info, args.input_format, args.output_dir.rstrip("/"), len(units), args.batch_size,
                        args.top_k, args.use_tpu, args.tpu, ship_model(spark, info))
     logger.info("batch job starting", extra={"fields": {

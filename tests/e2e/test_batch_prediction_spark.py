@@ -395,7 +395,7 @@ def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line_before_the_clu
 
 def test_spark_failing_once_asked_is_one_line_and_exit_1(model_dir, images, tmp_path):
     """What Spark raises once it is asked (here its JVM does not start: a heap too small) ends the job in one
-    line, exit 1, not Py4J's or PySpark's traceback."""
+    line, exit 1, not Py4J's or PySpark's traceback, and leaves the output folder as empty as it found it."""
     done = subprocess.run([sys.executable, "-m", "petal", "batch", *spark_args(
         model_dir, os.path.join(os.path.dirname(next(iter(images))), "*"), str(tmp_path / "out"),
         "--spark_master", "local[1]", "--spark_conf", "spark.driver.memory=1k")],
@@ -403,6 +403,7 @@ def test_spark_failing_once_asked_is_one_line_and_exit_1(model_dir, images, tmp_
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1] == ("petal batch: error: Spark: [JAVA_GATEWAY_EXITED] Java gateway process "
                                             "exited before sending its port number."), done.stderr[-3000:]
+    assert os.listdir(tmp_path / "out") == []  # so that the same command runs once the cause is mended
 
 
 def test_the_keras_tripwire_on_the_executors_fires(spark):
