@@ -156,7 +156,7 @@ def check_master(master: str | None) -> None:
     for address in master.removeprefix("spark://").split(","):
         host, _, port = address.rpartition(":")
         try:
-            socket.create_connection((host, int(port)), timeout=MASTER_CONNECT_SECONDS).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=MASTER_CONNECT_SECONDS).close()
             return
         except (OSError, ValueError) as error:
             reasons.append(f"{address}: {error.strerror if isinstance(error, OSError) and error.strerror else error}")

@@ -41,7 +41,7 @@ from batch_jobs import (
 )
 from server_harness import ROOT, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
-from serving.batch_prediction import spark_job
+from serving.batch_prediction import preflight, spark_job
 from training import synth
 
 SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -391,6 +391,21 @@ def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line_before_the_clu
                                      f"spark://127.0.0.1:{port},localhost:{port}"]
         assert_each_fails_fast_in_one_line(jobs, capfd)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_master_that_answers_passes_the_check_in_any_spelling():
+    """Any one address of an HA list that takes a connection will do, IPv6 in brackets too; a list none of whose
+    addresses answers is refused naming each."""
+    with socket.create_server(("127.0.0.1", 0)) as v4, socket.create_server(("::1", 0), family=socket.AF_INET6) as v6:
+        up4, up6 = v4.getsockname()[1], v6.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            down = closed.getsockname()[1]
+            for master in (f"spark://127.0.0.1:{up4}", f"spark://127.0.0.1:{down},localhost:{up4}",
+                           f"spark://[::1]:{up6}", "local[2]", None):
+                spark_job.check_master(master)
+            with pytest.raises(preflight.CannotStart, match=f"127.0.0.1:{down}: Connection refused; nohost: "):
+                spark_job.check_master(f"spark://127.0.0.1:{down},nohost")
 
 
 def test_spark_failing_once_asked_is_one_line_and_exit_1(model_dir, images, tmp_path):
