@@ -9,7 +9,6 @@ import base64
 import glob
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from server_harness import ROOT
+from server_harness import ROOT, TF_NATIVE_LOG
 from serving.batch_prediction import cli
 from serving.batch_prediction import job as batch_job
 
@@ -104,9 +103,6 @@ def write_jsonl_input(path: str, inputs: dict[str, bytes], paths: list[str]) -> 
     return paths + [f"{path}:{len(paths) + 1}", "bad-b64"]
 
 
-# TensorFlow's native start-up lines (glog's `I0000 00:00:… file.cc:123] …`, and absl's note before them), which no
-# setting silences in TensorFlow 2.21: every `petal` command prints them, so they are not the job's message.
-TF_NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \S+ +\d+ \S+:\d+\] |WARNING: All log messages before absl)")
 
 
 FAIL_FAST_S = 30

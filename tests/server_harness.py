@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
 IMAGE_SIZE = 32
+
+# TensorFlow's native start-up lines (glog's `I0000 00:00:… file.cc:123] …`, and absl's note before them), which no
+# setting silences in TensorFlow 2.21 (serving/tensorflow_logs.py filters them for `petal` itself).
+TF_NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \S+ +\d+ \S+:\d+\] |WARNING: All log messages before absl)")
 
 
 def b64(data: bytes) -> dict:
