@@ -98,6 +98,11 @@ class PetalApplication(BaseApplication):
             "accesslog": None,
             "proc_name": "petal-serve",
         }
+        if "control_socket_disable" in self.cfg.settings:
+            # gunicorn 25.1's control socket, on by default at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn):
+            # a second `petal serve` on the machine finds it taken and says so on its first screen, and any process
+            # of the user's could change the worker count or stop the server behind Petal's flags.
+            settings["control_socket_disable"] = True
         for key, value in settings.items():
             self.cfg.set(key, value)
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from server_harness import ROOT, TF_NATIVE_LOG, free_ports, jpeg
+from server_harness import ROOT, TF_NATIVE_LOG, free_ports, jpeg, run_server
 
 # Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice; oneDNN's only on
 # a CPU with AVX-512), and once its runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
@@ -23,17 +23,17 @@ TF_LINES = ("All log messages before absl::InitializeLog() is called", "oneDNN c
 READY_WAIT_S = 240
 
 
-def environment() -> dict[str, str]:
-    """This one, without anything that tells TensorFlow how to log."""
-    return {name: value for name, value in os.environ.items() if not name.startswith("TF_")}
+def environment(**overrides: str) -> dict[str, str]:
+    """This one, without anything that tells TensorFlow how to log, and with `overrides`."""
+    return {**{name: value for name, value in os.environ.items() if not name.startswith("TF_")}, **overrides}
 
 
-def first_screen(*petal_options: str) -> tuple[list[str], list[str], int]:
+def first_screen(*petal_options: str, env: dict[str, str] | None = None) -> tuple[list[str], list[str], int]:
     """`petal [OPTIONS] serve` on free loopback ports: the lines it printed until it said it was ready (or stopped),
     those it printed once sent SIGTERM, and its exit code."""
     rest, grpc = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "petal", *petal_options, "serve", "--host=127.0.0.1",
-                             f"--rest_api_port={rest}", f"--port={grpc}"], cwd=ROOT, env=environment(),
+                             f"--rest_api_port={rest}", f"--port={grpc}"], cwd=ROOT, env=env or environment(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
@@ -70,6 +70,24 @@ def test_the_first_screen_says_what_loads_and_then_that_it_is_ready(quiet):
     assert screen[0].startswith("petal serve: loading flowers from "), screen
     assert re.fullmatch(r"ready: flowers v1 on http://127\.0\.0\.1:\d+ and grpc://127\.0\.0\.1:\d+ in \d+\.\d s",
                         screen[1]), screen
+
+
+def test_a_second_server_on_the_machine_says_the_same_and_neither_opens_a_control_socket(tmp_path):
+    """gunicorn 25.1 and later open a control socket at one path per user unless told not to: a second server
+    took the first's path over (and removed it when it stopped), or, starting at the same moment, said on its first
+    screen that the address was in use."""
+    home, runtime = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    runtime.mkdir()
+    env = environment(HOME=str(home), XDG_RUNTIME_DIR=str(runtime))
+
+    def sockets() -> list[str]:
+        return sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_socket())
+    with run_server(env=env):
+        assert sockets() == []
+        screen, _, code = first_screen(env=env)
+    assert len(screen) == 2 and screen[1].startswith("ready: "), screen
+    assert code == 0
 
 
 def test_no_tensorflow_start_up_line_and_a_quiet_exit(quiet):
