@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
 import apache_beam as beam
@@ -26,6 +28,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
+from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
@@ -43,6 +46,7 @@ PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr, and warn about their own plumbing on every start; keep them to
 # errors (progress still shows, see parse_args) unless -v asked for more.
 QUIET_WORKER_LOG_LEVEL = "ERROR"
+DEFAULT_FORMAT_BELOW_ERROR = re.compile(rb"(DEBUG|INFO|WARNING):[\w.]+:")  # logging.BASIC_FORMAT's prefix
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +67,23 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
         beam_args.append(f"--default_sdk_harness_log_level={QUIET_WORKER_LOG_LEVEL}")
         beam_args.append(f'--sdk_harness_log_level_overrides={{"{progress.name}": "INFO"}}')
     return args, PipelineOptions(beam_args)
+
+
+def worker_start_line(line: bytes) -> bool:
+    """Whether a line on stderr is one a local Beam worker process (`--direct_running_mode multi_processing`)
+    writes as it starts, before its logs go to the job through Beam's logging channel: Python's default format below
+    ERROR (Beam's warnings on import about Google Cloud clients it lacks, which the driver silences on its own import
+    (cli.py), and "Logging handler created"), or TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL hides."""
+    level = tensorflow_logs.min_log_level()
+    return bool(DEFAULT_FORMAT_BELOW_ERROR.match(line)) or not tensorflow_logs.shown(line, level)
+
+
+@contextmanager
+def workers_stderr_quiet() -> Iterator[None]:
+    """Local worker processes inherit this process's stderr: while the job runs, what they write there as they
+    start is dropped (`worker_start_line`); everything else passes as it is written."""
+    with tensorflow_logs.stderr_filtered(lambda line: not worker_start_line(line)):
+        yield
 
 
 def stamp_work() -> None:
@@ -185,8 +206,9 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, info)
-    result = pipeline.run()
-    result.wait_until_finish()
+    with workers_stderr_quiet() if logging.getLogger().getEffectiveLevel() > logging.INFO else nullcontext():
+        result = pipeline.run()
+        result.wait_until_finish()
     seconds = time.monotonic() - started
     totals, processing = job_metrics(result)
     counts = steps.Counts(**{name: totals.get(name, 0) for name in steps.Counts.__dataclass_fields__})
