@@ -154,7 +154,7 @@ def test_start_serve_reload_drain_and_exit(tmp_path):
     finally:
         worker.drain()
         worker.exit()
-    worker.dataplane.repository._thread.join(5)
+    worker.dataplane.repository._thread.join(WAIT_S)  # a poll pass under way ends first
     assert not worker.dataplane.repository._thread.is_alive(), "exit stops the DataPlane's threads"
 
 
