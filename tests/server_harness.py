@@ -36,6 +36,12 @@ IMAGE_SIZE = 32
 TF_NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \S+ +\d+ \S+:\d+\] |WARNING: All log messages before absl)")
 
 
+def user_environment(**overrides: str) -> dict[str, str]:
+    """This environment without anything that tells TensorFlow how to log (as a user's shell has it, where the
+    tests set TF_CPP_MIN_LOG_LEVEL), with `overrides`."""
+    return {**{name: value for name, value in os.environ.items() if not name.startswith("TF_")}, **overrides}
+
+
 def b64(data: bytes) -> dict:
     """A REST predict instance value: TF Serving's {"b64": ...} for binary strings."""
     return {"b64": base64.b64encode(data).decode()}

@@ -70,6 +70,11 @@ def run_and_report(run: Callable[[], dict[str, Any]]) -> int:
     return steps.report(job_summary)
 
 
+def quiet() -> bool:
+    """Whether the job runs quiet (no -v): Petal's logging at warnings, as petal.configure_logging sets it."""
+    return logging.getLogger().getEffectiveLevel() > logging.INFO
+
+
 def without_beams_memory_notice(record: logging.LogRecord) -> bool:
     """Beam 2.77's RunInference warns on the root logger, at every model load, that it cannot measure memory: it
     imports `resource` in one try block with a module that needs torch, so without torch it gives up on both. The
@@ -85,7 +90,7 @@ def main(argv: list[str]) -> int:
     module_name, package, extra = ENGINES[engine]
     root = logging.getLogger()
     level = root.level
-    if root.getEffectiveLevel() > logging.INFO:  # Beam warns on import about Google Cloud clients it lacks
+    if quiet():  # Beam warns on import about Google Cloud clients it lacks
         root.setLevel(logging.ERROR)
     try:
         module = importlib.import_module(module_name)

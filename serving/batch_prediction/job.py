@@ -14,11 +14,12 @@ or Spark. `--engine=spark` runs the same records through the same steps as a pla
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, cast
 
 import apache_beam as beam
@@ -30,7 +31,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, PortableOption
 
 from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
-from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
+from serving.batch_prediction.cli import add_job_flags, check_job_flags, quiet, run_and_report
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
 from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
@@ -62,28 +63,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     check_job_flags(parser, args)
-    quiet = logging.getLogger().getEffectiveLevel() > logging.INFO
-    if quiet and not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+    if quiet() and not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args.append(f"--default_sdk_harness_log_level={QUIET_WORKER_LOG_LEVEL}")
         beam_args.append(f'--sdk_harness_log_level_overrides={{"{progress.name}": "INFO"}}')
     return args, PipelineOptions(beam_args)
 
 
-def worker_start_line(line: bytes) -> bool:
-    """Whether a line on stderr is one a local Beam worker process (`--direct_running_mode multi_processing`)
-    writes as it starts, before its logs go to the job through Beam's logging channel: Python's default format below
-    ERROR (Beam's warnings on import about Google Cloud clients it lacks, which the driver silences on its own import
-    (cli.py), and "Logging handler created"), or TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL hides."""
-    level = tensorflow_logs.min_log_level()
-    return bool(DEFAULT_FORMAT_BELOW_ERROR.match(line)) or not tensorflow_logs.shown(line, level)
-
-
-@contextmanager
-def workers_stderr_quiet() -> Iterator[None]:
-    """Local worker processes inherit this process's stderr: while the job runs, what they write there as they
-    start is dropped (`worker_start_line`); everything else passes as it is written."""
-    with tensorflow_logs.stderr_filtered(lambda line: not worker_start_line(line)):
-        yield
+def shown_quiet(line: bytes, level: int) -> bool:
+    """Whether a quiet job shows a line written to its stderr, which local Beam worker processes
+    (`--direct_running_mode multi_processing`) inherit. Not what a worker writes as it starts, before its logs go to
+    the job through Beam's logging channel: Python's default format below ERROR (Beam's warnings on import about
+    Google Cloud clients it lacks, which the driver silences on its own import (cli.py), and "Logging handler
+    created"), and TensorFlow's C++ lines below TF_CPP_MIN_LOG_LEVEL `level`."""
+    return not DEFAULT_FORMAT_BELOW_ERROR.match(line) and tensorflow_logs.shown(line, level)
 
 
 def stamp_work() -> None:
@@ -206,7 +198,8 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, info)
-    with workers_stderr_quiet() if logging.getLogger().getEffectiveLevel() > logging.INFO else nullcontext():
+    level = tensorflow_logs.min_log_level()
+    with tensorflow_logs.stderr_filtered(functools.partial(shown_quiet, level=level)) if quiet() else nullcontext():
         result = pipeline.run()
         result.wait_until_finish()
     seconds = time.monotonic() - started

@@ -45,7 +45,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from serving.batch_prediction import preflight, steps
-from serving.batch_prediction.cli import add_job_flags, check_job_flags, run_and_report
+from serving.batch_prediction.cli import add_job_flags, check_job_flags, quiet, run_and_report
 from serving.batch_prediction.spark_tasks import TEMPORARY, PartitionJob, archived_name, score_partition
 from training import PROGRESS_LOGGER
 
@@ -178,7 +178,7 @@ def start_session(args: argparse.Namespace) -> SparkSession:
     for setting in args.spark_conf:
         builder = builder.config(*setting.split("=", 1))
     spark = builder.getOrCreate()
-    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+    if quiet():
         spark.sparkContext.setLogLevel("ERROR")
     return spark
 

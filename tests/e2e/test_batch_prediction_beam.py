@@ -29,7 +29,7 @@ from batch_jobs import (
     write_tfrecord_input,
 )
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
-from server_harness import ROOT, TF_NATIVE_LOG, b64, run_server
+from server_harness import ROOT, TF_NATIVE_LOG, b64, run_server, user_environment
 from serving.batch_prediction import job as batch_job
 from serving.batch_prediction import preflight
 from training import synth
@@ -276,8 +276,7 @@ def test_multi_process_direct_runner_shares_the_model_and_loses_nothing(model_di
          os.path.join(os.path.dirname(next(iter(inputs))), "*"), "--output_dir", output, "--batch_size", "16",
          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env={**{name: value for name, value in os.environ.items() if not name.startswith("TF_")},  # as users run it
-             "PYTHONPATH": os.pathsep.join([keras_tripwire(), ROOT])})  # workers without Keras
+        env=user_environment(PYTHONPATH=os.pathsep.join([keras_tripwire(), ROOT])))  # workers without Keras
     assert done.returncode == 0, done.stderr[-3000:]
     # quiet by default: the worker processes' start-up lines, Beam's and TensorFlow's, are not shown (the one line
     # libjpeg prints for a corrupt input stays: an error, in the decoder's words)

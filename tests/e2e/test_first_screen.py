@@ -4,7 +4,6 @@ that it is ready, and shows none of TensorFlow's C++ start-up lines; `petal --ve
 predict` and `petal batch`, which import TensorFlow themselves, are as quiet."""
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from server_harness import ROOT, TF_NATIVE_LOG, free_ports, jpeg, run_server
+from server_harness import ROOT, TF_NATIVE_LOG, free_ports, jpeg, run_server, user_environment
 
 # Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice; oneDNN's only on
 # a CPU with AVX-512), and once its runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
@@ -23,17 +22,12 @@ TF_LINES = ("All log messages before absl::InitializeLog() is called", "oneDNN c
 READY_WAIT_S = 240
 
 
-def environment(**overrides: str) -> dict[str, str]:
-    """This one, without anything that tells TensorFlow how to log, and with `overrides`."""
-    return {**{name: value for name, value in os.environ.items() if not name.startswith("TF_")}, **overrides}
-
-
 def first_screen(*petal_options: str, env: dict[str, str] | None = None) -> tuple[list[str], list[str], int]:
     """`petal [OPTIONS] serve` on free loopback ports: the lines it printed until it said it was ready (or stopped),
     those it printed once sent SIGTERM, and its exit code."""
     rest, grpc = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "petal", *petal_options, "serve", "--host=127.0.0.1",
-                             f"--rest_api_port={rest}", f"--port={grpc}"], cwd=ROOT, env=env or environment(),
+                             f"--rest_api_port={rest}", f"--port={grpc}"], cwd=ROOT, env=env or user_environment(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
@@ -79,7 +73,7 @@ def test_a_second_server_on_the_machine_says_the_same_and_neither_opens_a_contro
     home, runtime = tmp_path / "home", tmp_path / "run"
     home.mkdir()
     runtime.mkdir()
-    env = environment(HOME=str(home), XDG_RUNTIME_DIR=str(runtime))
+    env = user_environment(HOME=str(home), XDG_RUNTIME_DIR=str(runtime))
 
     def sockets() -> list[str]:
         return sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_socket())
@@ -113,6 +107,6 @@ def test_predict_and_batch_import_tensorflow_quietly(command, tmp_path):
     image.write_bytes(jpeg())
     paths = {"IMAGE": str(image), "OUT": str(tmp_path / "out")}
     run = subprocess.run([sys.executable, "-m", "petal", *[paths.get(a, a) for a in command]],
-                         cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=240)
+                         cwd=ROOT, env=user_environment(), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     assert run.stderr == "", run.stderr
