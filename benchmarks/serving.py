@@ -621,6 +621,7 @@ TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
           "gthread": "Petal REST, gthread front end", "baseline": "naive Flask"}
 SHORT = {"rest": "REST", "grpc": "gRPC", "v2": "V2", "baseline": "baseline", "gthread": "gthread", "ab": "A/B"}
 PROTOCOLS = ("rest", "grpc", "v2")
+STACK = ("tensorflow", "gunicorn", "gevent", "flask", "werkzeug", "grpcio", "orjson", "msgspec", "prometheus_client")
 
 
 def before_columns(trees: list[str]) -> dict[str, str]:
@@ -628,6 +629,20 @@ def before_columns(trees: list[str]) -> dict[str, str]:
     return {f"{protocol}@{os.path.basename(os.path.normpath(tree))}":
             f"{TITLES[protocol]}, {os.path.basename(os.path.normpath(tree))}"
             for tree in trees for protocol in PROTOCOLS}
+
+
+def interpreter(tree: str) -> str:
+    """The Python a --before checkout is served by: its own virtualenv's when it has one (so that a dependency's
+    release is measured against the one before, as code is), this one's otherwise."""
+    own = os.path.join(tree, ".venv", "bin", "python")
+    return own if os.path.exists(own) else sys.executable
+
+
+def stack_versions(python: str) -> str:
+    """The versions of the serving stack's packages an interpreter imports, for the run's header."""
+    probe = ("from importlib.metadata import version; print(', '.join(f'{p} {version(p)}' for p in "
+             f"{STACK!r}))")
+    return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def cell(r: dict) -> str:
@@ -732,7 +747,7 @@ def main() -> int:
                         "measure what they change side by side (say --tensorflow_thread_nice=0)")
     parser.add_argument("--before", action="append", default=[], help="a checkout of an earlier Petal (say a "
                         "worktree of the previous main): its REST, gRPC and V2 columns run side by side with this "
-                        "one's; may be given more than once")
+                        "one's, under its own .venv if it has one; may be given more than once")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from serving import launcher
@@ -749,6 +764,9 @@ def main() -> int:
     load = os.getloadavg()
     print(f"model {model_dir}; {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"{args.duration:g}s per run after {args.warmup:g}s warmup", flush=True)
+    print(f"this checkout: {stack_versions(sys.executable)}")
+    for tree in args.before:
+        print(f"{os.path.basename(os.path.normpath(tree))}: {interpreter(tree)}, {stack_versions(interpreter(tree))}")
 
     run = lambda requests: run_loadgen(requests, levels, args.duration, args.warmup)  # noqa: E731
     titles = (dict(TITLES) | ({"ab": f"Petal REST, {args.ab_args}"} if args.ab_args else {})
@@ -763,7 +781,8 @@ def main() -> int:
         if args.ab_args:
             others["ab"] = petal("--port=0", *args.ab_args.split())
         before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
-            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=tree))
+            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=tree,
+            python=interpreter(tree)))
             for tree in args.before}
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid

@@ -95,20 +95,20 @@ def _flag_value(flags: Sequence[str], name: str) -> str | None:
 
 
 def start(flags: Sequence[str], log_path: str, *, tls: bool = False, env: Mapping[str, str] | None = None,
-          cwd: str | None = None, wrapper: Sequence[str] = ()) -> Server:
+          cwd: str | None = None, wrapper: Sequence[str] = (), python: str = sys.executable) -> Server:
     """`petal serve FLAGS` in the background on free ports, its output in `log_path`; returns at once.
 
     It binds 127.0.0.1 unless FLAGS say `--host=ADDRESS` (another loopback address, say), and the URLs follow. A
     gRPC port is chosen unless FLAGS give `--port`. With `tls` (a server given --ssl_config_file) the REST URL is
     https. The server's environment is this one, with TensorFlow's C++ logs at warnings unless that says otherwise,
     and `env` on top. A `wrapper` command runs it (it must exec the command it is given last, so that the process
-    started is the server's).
+    started is the server's). `python` is the interpreter, so another virtualenv's dependencies can be measured.
     """
     host = _flag_value(flags, "--host") or "127.0.0.1"
     grpc = not _has_flag(flags, "--port")
     rest_port, *chosen = free_ports(2 if grpc else 1)
     grpc_port = chosen[0] if grpc else 0
-    command = [*wrapper, sys.executable, "-m", "petal", "serve", f"--host={host}", f"--rest_api_port={rest_port}",
+    command = [*wrapper, python, "-m", "petal", "serve", f"--host={host}", f"--rest_api_port={rest_port}",
                *([f"--port={grpc_port}"] if grpc else []), *flags]
     log.info("starting server", extra={"fields": {"command": shlex.join(command), "log": log_path}})
     with open(log_path, "wb") as out:
@@ -147,7 +147,7 @@ def stop(server: Server, timeout_s: float = STOP_TIMEOUT_S) -> None:
 def running(flags: Sequence[str], *, ready: Probe = READYZ, log_path: str | None = None,
             timeout_s: float = STARTUP_TIMEOUT_S, stop_timeout_s: float = STOP_TIMEOUT_S, tls: bool = False,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            wrapper: Sequence[str] = ()) -> Iterator[Server]:
+            wrapper: Sequence[str] = (), python: str = sys.executable) -> Iterator[Server]:
     """`petal serve FLAGS` (see `start`) from the moment `ready` holds until the block ends, then stopped.
 
     Without `log_path` the log goes to a temporary file, removed afterwards.
@@ -157,7 +157,7 @@ def running(flags: Sequence[str], *, ready: Probe = READYZ, log_path: str | None
         with tempfile.NamedTemporaryFile(prefix="petal-serve-", suffix=".log", delete=False) as f:
             log_path = f.name
     try:
-        server = start(flags, log_path, tls=tls, env=env, cwd=cwd, wrapper=wrapper)
+        server = start(flags, log_path, tls=tls, env=env, cwd=cwd, wrapper=wrapper, python=python)
         try:
             wait_ready(server, ready, timeout_s)
             yield server
