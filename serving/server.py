@@ -24,9 +24,10 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 
-from serving import metrics
+from serving import metrics, worker_stderr
 from serving.config import ServerOptions, bind_address
 from serving.config_files import write_key_pair
 from serving.flags import parse_args
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # TensorFlow comes with the worker, and only the workers impo
 logger = logging.getLogger(__name__)
 
 WORKER_HEARTBEAT_TIMEOUT_S = 120
+STDERR_DRAIN_S = 5.0  # how long the master waits, once its workers are gone, for their last lines to be written
 REFUSAL_HEADROOM = 64  # connections past --max_connections that the gevent worker accepts only to refuse
 
 
@@ -67,8 +69,21 @@ def _worker_exit(server, gunicorn_worker) -> None:
 
 
 def _child_exit(server, worker) -> None:
-    """In the master: a dead worker's live gauges (queue depth, loaded versions) leave the shared totals."""
+    """In the master: a dead worker's live gauges (queue depth, loaded versions) leave the shared totals, and the
+    rest of what it wrote to stderr is written out."""
     metrics.worker_exited(worker.pid)
+    worker_stderr.child_exit(server, worker)
+
+
+class GunicornLog(glogging.Logger):
+    """gunicorn's own messages (a worker killed or timed out, a port in use) as Petal's JSON log lines: they go to
+    the root logger, which `petal` set up, instead of through gunicorn's handler in its plain-text format."""
+
+    def setup(self, cfg) -> None:
+        super().setup(cfg)
+        for handler in [h for h in self.error_log.handlers if getattr(h, "_gunicorn", False)]:
+            self.error_log.removeHandler(handler)
+        self.error_log.propagate = True
 
 
 class PetalApplication(BaseApplication):
@@ -91,10 +106,13 @@ class PetalApplication(BaseApplication):
             "graceful_timeout": max(1, math.ceil(process.graceful_timeout)),
             "timeout": WORKER_HEARTBEAT_TIMEOUT_S,
             "keepalive": max(1, math.ceil(o.keepalive_timeout)),
+            "pre_fork": worker_stderr.pre_fork,
+            "post_fork": worker_stderr.post_fork,
             "post_worker_init": _post_worker_init,
             "worker_exit": _worker_exit,
             "child_exit": _child_exit,
             "loglevel": "warning" if logging.getLogger().level > logging.INFO else "info",
+            "logger_class": GunicornLog,
             "accesslog": None,
             "proc_name": "petal-serve",
         }
@@ -162,6 +180,7 @@ def main(argv: list[str]) -> int:
             options.process, runtime_dir=runtime, reload_dir=shared, started_at=started))
         PetalApplication(options, tls_files).run()
     finally:
+        worker_stderr.drain(STDERR_DRAIN_S)
         if protocols.grpc_socket_path:
             unix_socket.release(protocols.grpc_socket_path, runtime)
         shutil.rmtree(runtime, ignore_errors=True)

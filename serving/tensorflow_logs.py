@@ -27,6 +27,7 @@ PRE_INIT_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is ca
 SEVERITIES = b"IWEF"
 ERROR = 2
 PIPE_BYTES = 1 << 20  # so that a burst while the importing thread holds the GIL never blocks the writer
+MAX_LINE_BYTES = 1 << 20  # a writer that never ends a line has it written out in pieces this long
 
 
 def min_log_level() -> int:
@@ -55,6 +56,10 @@ def import_tensorflow() -> None:
         importlib.import_module("tensorflow")
 
 
+def _kept(line: bytes, keep: Callable[[bytes], bool]) -> bytes:
+    return line + b"\n" if keep(line) else b""
+
+
 @contextlib.contextmanager
 def stderr_filtered(keep: Callable[[bytes], bool]) -> Iterator[None]:
     """Within the block, every line written to file descriptor 2 (by Python or C++) reaches it only if `keep`
@@ -64,7 +69,8 @@ def stderr_filtered(keep: Callable[[bytes], bool]) -> Iterator[None]:
     with contextlib.suppress(OSError):  # a smaller pipe only means the writer may wait for the filter
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     stderr = os.dup(2)
-    relay = threading.Thread(target=_relay, args=(read_end, stderr, keep), name="petal-stderr-filter", daemon=True)
+    relay = threading.Thread(target=relay_lines, args=(read_end, stderr, functools.partial(_kept, keep=keep)),
+                             name="petal-stderr-filter", daemon=True)
     relay.start()
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -77,13 +83,24 @@ def stderr_filtered(keep: Callable[[bytes], bool]) -> Iterator[None]:
         os.close(stderr)
 
 
-def _relay(read_end: int, out: int, keep: Callable[[bytes], bool]) -> None:
+def relay_lines(read_end: int, out: int, transform: Callable[[bytes], bytes]) -> None:
+    """Each line read from `read_end` (without its newline) written to `out` as `transform` makes it, until the
+    pipe ends. Written with os.write, not through Python's logging or sys.stderr, whose locks a fork taken while this
+    thread held one would leave held in the child. A writer that never ends a line has it written out in pieces."""
     pending = b""
     while chunk := os.read(read_end, 65536):
         *lines, pending = (pending + chunk).split(b"\n")
+        while len(pending) >= MAX_LINE_BYTES:
+            lines.append(pending[:MAX_LINE_BYTES])
+            pending = pending[MAX_LINE_BYTES:]
         for line in lines:
-            if keep(line):
-                os.write(out, line + b"\n")
-    if pending and keep(pending):
-        os.write(out, pending)
+            write_all(out, transform(line))
+    if pending:
+        write_all(out, transform(pending))
     os.close(read_end)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

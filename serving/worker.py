@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from serving.memory import budget_after_load, measures_memory_budget, resolve_me
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.rest.app import create_app
 from serving.tensorflow_runtime import configure_tensorflow
+from serving.worker_stderr import say
 
 if TYPE_CHECKING:
     import grpc
@@ -53,11 +53,6 @@ READY_POLL_S = 1.0
 
 def serves_grpc(options: ServerOptions) -> bool:
     return bool(options.protocols.port or options.protocols.grpc_socket_path)
-
-
-def say(line: str) -> None:
-    """A line for whoever started the server, beside the logs (which are JSON, and warnings only by default)."""
-    print(line, file=sys.stderr, flush=True)
 
 
 class Worker:

@@ -4,6 +4,7 @@ that it is ready, and shows none of TensorFlow's C++ start-up lines; `petal --ve
 predict` and `petal batch`, which import TensorFlow themselves, are as quiet."""
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -92,9 +93,12 @@ def test_no_tensorflow_start_up_line_and_a_quiet_exit(quiet):
 
 def test_verbose_brings_tensorflows_lines_back():
     screen, _, _ = first_screen("--verbose")
-    text = "\n".join(screen)
-    # absl's notice, then TensorFlow's C++ log lines (which ones depends on the CPU: oneDNN's only with AVX-512).
-    assert TF_LINES[0] in text and any(TF_NATIVE_LOG.match(line) for line in screen if TF_LINES[0] not in line), text
+    # absl's notice, then TensorFlow's C++ log lines (which ones depends on the CPU: oneDNN's only with AVX-512), each
+    # a worker's line that the master writes out as a JSON record (serving/worker_stderr.py) at absl's level.
+    native = [entry for entry in map(json.loads, (line for line in screen if line.startswith("{")))
+              if entry["logger"] == "petal.worker.stderr"]
+    assert any(TF_LINES[0] in entry["msg"] for entry in native), screen
+    assert any(TF_NATIVE_LOG.match(entry["msg"]) and entry["level"] == "INFO" for entry in native), screen
     assert any(line.startswith("ready: flowers v1 on ") for line in screen)
 
 

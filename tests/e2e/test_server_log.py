@@ -1,0 +1,55 @@
+"""After its first screen a real `petal serve` writes JSON lines only, whoever writes them (docs/serving.md, 'The
+first screen'): libjpeg, inside TensorFlow's decoder in a worker, printing its own line for a corrupt JPEG a client
+sent, and gunicorn's master saying that a worker was killed. Until then both were plain text among the JSON."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import requests
+
+from server_harness import b64, jpeg, run_server, tiny_model_base, worker_pid
+from training.synth import render
+
+WAIT_S = 120
+
+
+def corrupt_jpegs() -> list[bytes]:
+    """A flower photo cut short at 26 places: each is a 400, and for some libjpeg prints `Input file read error`."""
+    photo = render("roses", 7)
+    return [photo[:cut] for cut in range(len(photo) // 3, len(photo) - 100, len(photo) // 40)]
+
+
+def records(log: str) -> list[dict]:
+    """Every line after the first screen (`petal serve: loading ...`, `ready: ...`), each of which must be a JSON
+    object."""
+    lines = [line for line in log.splitlines() if not line.startswith(("petal serve: ", "ready: "))]
+    return [json.loads(line) for line in lines]
+
+
+def test_libjpeg_and_a_killed_worker_reach_the_log_as_json_records():
+    with run_server(f"--model_base_path={tiny_model_base()}") as server:
+        url = f"{server.rest_url}/v1/models/flowers:predict"
+        statuses = {requests.post(url, json={"instances": [b64(body)]}, timeout=60).status_code
+                    for body in corrupt_jpegs()}
+        assert statuses == {400}
+        first = worker_pid(server.proc.pid)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + WAIT_S
+        while not any(r["logger"] == "gunicorn.error" and str(first) in r["msg"] for r in records(server.log())):
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+        while requests.get(f"{server.rest_url}/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+        assert requests.post(url, json={"instances": [b64(jpeg())]}, timeout=60).status_code == 200
+        logged = records(server.log())
+    killed = [r for r in logged if r["logger"] == "gunicorn.error"]
+    assert [r["level"] for r in killed] == ["ERROR"] and "SIGKILL" in killed[0]["msg"], killed
+    libjpeg = [r for r in logged if r["logger"] == "petal.worker.stderr" and r["msg"] == "Input file read error"]
+    assert libjpeg and {(r["level"], r["pid"]) for r in libjpeg} == {("WARNING", first)}, logged
+    # TensorFlow's own line for each (TF_CPP_MIN_LOG_LEVEL is 2 here: errors show), its level absl's
+    tensorflow = [r for r in logged if "jpeg_mem.cc" in r["msg"]]
+    assert tensorflow and {r["level"] for r in tensorflow} == {"ERROR"}, logged
