@@ -12,6 +12,7 @@ descriptor 2 the worker was born with.
 """
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import os
@@ -54,7 +55,8 @@ def drain(timeout_s: float) -> None:
 
 def post_fork(server: Any, worker: Any) -> None:
     """In the worker, just after the fork: its stderr becomes the pipe; the siblings' pipes are closed, so that
-    each pipe ends when its own worker does."""
+    each pipe ends when its own worker does. Python's faulthandler is on, so a worker that TensorFlow's native code
+    crashes (a segmentation fault, a failed CHECK's abort) leaves every thread's Python stack as its last words."""
     read_end, write_end = worker.petal_stderr
     sys.stderr.flush()
     _console["fd"] = os.dup(2)
@@ -63,6 +65,7 @@ def post_fork(server: Any, worker: Any) -> None:
                                       for fd in getattr(sibling, "petal_stderr", ()))):
         os.close(fd)
     _relays.clear()  # the master's readers, not this process's
+    faulthandler.enable(all_threads=True)
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -1,7 +1,8 @@
 """After its first screen a real `petal serve` writes JSON lines only, whoever writes them (docs/serving.md, 'The
 first screen'): TensorFlow's C++ in a worker, on a corrupt JPEG a client sent; a worker's last words as it crashes
-(Python's faulthandler, on a worker sent SIGSEGV), read by the master after the worker is gone; gunicorn's master
-saying what killed the worker. Until then all three were plain text among the JSON."""
+(Python's faulthandler, which each worker turns on, on a worker sent SIGSEGV), read by the master after the worker is
+gone; gunicorn's master saying what killed the worker. Until then the first and the last were plain text among the
+JSON, and a crashed worker said nothing."""
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def records(log: str) -> list[dict]:
 
 
 def test_tensorflow_a_crashed_workers_last_words_and_gunicorn_reach_the_log_as_json_records():
-    with run_server(f"--model_base_path={tiny_model_base()}", env={"PYTHONFAULTHANDLER": "1"}) as server:
+    with run_server(f"--model_base_path={tiny_model_base()}") as server:
         url = f"{server.rest_url}/v1/models/flowers:predict"
         statuses = {requests.post(url, json={"instances": [b64(body)]}, timeout=60).status_code
                     for body in corrupt_jpegs()}
@@ -53,6 +54,7 @@ def test_tensorflow_a_crashed_workers_last_words_and_gunicorn_reach_the_log_as_j
     last_words = [r for r in logged if r["logger"] == "petal.worker.stderr" and r["pid"] == first
                   and r["msg"] == "Fatal Python error: Segmentation fault"]
     assert [r["level"] for r in last_words] == ["WARNING"], logged
+    assert any(r["pid"] == first and r["msg"].startswith("File ") for r in logged), logged  # the stacks themselves
     # TensorFlow's own line for each corrupt JPEG (TF_CPP_MIN_LOG_LEVEL is 2 here: errors show), at absl's level
     tensorflow = [r for r in logged if r["logger"] == "petal.worker.stderr" and "jpeg_mem.cc" in r["msg"]]
     assert tensorflow and {(r["level"], r["pid"]) for r in tensorflow} == {("ERROR", first)}, logged
