@@ -6,7 +6,8 @@ sends ("Input file read error"), TensorFlow's C++ runtime writes absl's format, 
 (faulthandler's traceback, "terminate called after ..."). Each worker's descriptor 2 is therefore a pipe whose
 read end the gunicorn master holds: the master outlives its workers, so a crashed worker's last words are still
 read after it died. The master writes each line on: a JSON line as it is, any other line as a JSON record of its
-own (absl's severity letter gives its level, any other line is a warning), with the worker's pid. The lines a
+own (absl's severity letter gives its level, CPython's `Fatal Python error:` is critical, any other line is a
+warning), with the worker's pid. The lines a
 worker says to whoever started the server ("ready: ..."), which are the first screen and not logs, go to the
 descriptor 2 the worker was born with.
 """
@@ -25,6 +26,7 @@ from serving.tensorflow_logs import ABSL_LINE, relay_lines, write_all
 
 LOGGER = "petal.worker.stderr"
 LEVELS = {b"I": "INFO", b"W": "WARNING", b"E": "ERROR", b"F": "CRITICAL"}
+FATAL = b"Fatal Python error: "  # how CPython (and its faulthandler) begins a crash's last words
 
 _console: dict[str, int] = {}  # "fd": in a worker, the descriptor 2 it was born with
 _relays: list[threading.Thread] = []  # in the master, one reader per worker it forked
@@ -93,6 +95,6 @@ def as_json(line: bytes, pid: int | None) -> bytes:
         except ValueError:
             pass
     match = ABSL_LINE.match(stripped)
-    level = LEVELS[match.group(1)] if match else "WARNING"
+    level = LEVELS[match.group(1)] if match else "CRITICAL" if stripped.startswith(FATAL) else "WARNING"
     return json.dumps({"ts": round(time.time(), 3), "level": level, "logger": LOGGER,
                        "msg": stripped.decode("utf-8", "replace"), "pid": pid}).encode() + b"\n"

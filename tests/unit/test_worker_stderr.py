@@ -36,6 +36,12 @@ def test_an_absl_line_keeps_its_severity():
         "level"] == "INFO"
 
 
+def test_the_first_line_of_a_crash_is_critical_and_its_stacks_are_warnings():
+    assert record(b"Fatal Python error: Segmentation fault")["level"] == "CRITICAL"
+    assert record(b'  File "/opt/petal/lib/python3.11/site-packages/gevent/hub.py", line 647 in run')[
+        "level"] == "WARNING"
+
+
 def test_what_only_looks_like_json_is_wrapped_and_bytes_that_are_not_utf8_survive():
     assert record(b"{not json")["msg"] == "{not json"
     assert record(b'["a list"]')["msg"] == '["a list"]'
