@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shlex
 import signal
 import socket
@@ -28,6 +29,9 @@ STARTUP_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 60.0
 LOG_TAIL_CHARS = 4000  # enough for a Python traceback and the lines before it
 POLL_S = 0.1
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORTS_FROM = 10000  # below: ports that other services on a machine are likelier to claim
+MIN_POOL = 1000
 
 
 class ServerStartError(RuntimeError):
@@ -56,15 +60,40 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free ports: every socket stays bound until all are chosen, so no two can be the same."""
-    sockets = [socket.socket() for _ in range(count)]
+    """Distinct free ports below the kernel's ephemeral range (above it when that range starts low), each socket
+    bound until all are chosen, so no two are the same.
+
+    A server binds its ports seconds after they are chosen: gRPC's only once its models have loaded. Meanwhile a
+    port from the ephemeral range can be taken by any outgoing connection on the machine, or by anyone's bind to
+    port 0; a port outside it only by someone who names it."""
+    low, high = _ephemeral_ports()
+    pool = range(PORTS_FROM, low) if low - PORTS_FROM >= MIN_POOL else range(high + 1, 65536)
+    sockets: list[socket.socket] = []
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+        for port in random.sample(pool, len(pool)) if len(pool) >= MIN_POOL else [0] * count:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+            if len(sockets) == count:
+                return [s.getsockname()[1] for s in sockets]
+        raise OSError(f"fewer than {count} free ports")
     finally:
         for s in sockets:
             s.close()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (Linux's default where it cannot be read)."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def get_status(url: str, context: ssl.SSLContext | None = None) -> int:
