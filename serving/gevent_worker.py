@@ -180,7 +180,7 @@ class PetalGeventWorker(GeventWorker):
         monkey.patch_all(thread=False, queue=False)
         self.sockets: list[gsocket.socket] = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach())
                                               for s in self.sockets]
-        threads.serve_on_gevent_loop(self.petal_os_threads)
+        threads.serve_on_gevent_loop(self.petal_os_threads, alone=lambda: self._open == 1)
         self.start_serving()
 
     def start_serving(self) -> None:

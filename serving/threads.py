@@ -1,11 +1,12 @@
 """Where TensorFlow runs, and how a request handler waits for it, under either HTTP worker.
 
-TensorFlow always runs on real OS threads: the batcher's threads, and for unbatched runs the calling thread or, on
-the gevent worker's event loop, a pool of OS threads. The gevent worker (serving/gevent_worker.py) leaves
-`threading` unpatched, so every lock, condition and thread here is native. What differs is only the waiting: a
-request greenlet on the event loop must never block on a native Event (that would freeze every connection of the
-worker), so it waits on a gevent Event that the OS thread sets through the hub's thread-safe callback queue.
-gthread request threads and gRPC's threads wait on a plain threading.Event, as before.
+TensorFlow always runs on real OS threads: the batcher's threads, a lone request's own thread, and for unbatched
+runs the calling thread or, on the gevent worker's event loop, a pool of OS threads; the loop thread itself runs
+only a lone request's short call while it serves a single connection. The gevent worker
+(serving/gevent_worker.py) leaves `threading` unpatched, so every lock, condition and thread here is native. What
+differs is only the waiting: a request greenlet on the event loop must never block on a native Event (that would
+freeze every connection of the worker), so it waits on a gevent Event that the OS thread sets through the hub's
+thread-safe callback queue. gthread request threads and gRPC's threads wait on a plain threading.Event, as before.
 """
 from __future__ import annotations
 
@@ -38,22 +39,25 @@ def timeout_until(deadline: float | None) -> float | None:
     return None if remaining > FAR_DEADLINE_S else max(0.0, remaining)
 
 
-def serve_on_gevent_loop(os_threads: int) -> None:
-    """Called once by the gevent worker, on its loop thread, after patching: requests from now on are greenlets."""
+def serve_on_gevent_loop(os_threads: int, alone: Callable[[], bool] = lambda: False) -> None:
+    """Called once by the gevent worker, on its loop thread, after patching: requests from now on are greenlets.
+    `alone` says whether the worker serves a single connection at the moment."""
     from gevent.threadpool import ThreadPool
 
     _loop["thread"] = threading.get_ident()
     _loop["pool"] = ThreadPool(os_threads)
+    _loop["alone"] = alone
 
 
 def on_event_loop() -> bool:
     return _loop.get("thread") == threading.get_ident()
 
 
-def may_block() -> bool:
-    """Whether the calling thread may run a TF call itself: any thread but the event loop's, which would leave
-    every other connection of the worker waiting meanwhile."""
-    return not on_event_loop()
+def alone_on_loop() -> bool:
+    """Whether the event loop serves a single connection: then the loop may run a short TF call itself, since no
+    other client is there to wait meanwhile but one that connects during those milliseconds
+    (serving/core/batching.py decides which calls are short)."""
+    return _loop["alone"]()
 
 
 class _GreenletWaker:

@@ -28,6 +28,10 @@ from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
+# What the gevent worker's event loop may run itself (Batcher._short): about a 1920x1080 photo, and the time of a
+# call that a client connecting meanwhile can wait for unnoticed.
+LOOP_CALL_PIXELS = 2_000_000
+LOOP_CALL_US = 10_000
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
@@ -126,9 +130,11 @@ class Batcher:
     """One per worker process; `run` blocks the calling request thread until its rows come back.
 
     At most `num_batch_threads` TF calls run at once. A request that finds nothing queued and a call slot free
-    (and, with `batch_timeout_micros` 0, nothing to wait for) takes the slot and runs on its own thread, when that
-    thread may block (serving/threads.py): a batch thread would run it at once all the same, and handing it over
-    and back costs two thread switches. Requests that arrive meanwhile queue and batch as before."""
+    (and, with `batch_timeout_micros` 0, nothing to wait for) takes the slot and runs on its own thread: a batch
+    thread would run it at once all the same, and handing it over and back costs thread switches. The gevent
+    worker's event loop does so only for a short call while it serves one connection (`_short`); otherwise it
+    must keep serving its other connections, and hands the request over. Requests that arrive meanwhile queue and
+    batch as before."""
 
     def __init__(self, options: BatchingOptions, metrics: Metrics, enabled: bool = True,
                  budget: MemoryBudget | None = None):
@@ -142,6 +148,7 @@ class Batcher:
         self._unbatched: set[BatchKey] = set()  # keys whose model answered a batch with outputs not batched
         self._queued = 0  # tasks in every queue
         self._running = 0  # TF calls of batches running, on batch threads or on their own request's thread
+        self._last_call_us: dict[BatchKey, float] = {}  # how long each key's latest TF call took
         self._closed = False
         self._threads = []
         if enabled:
@@ -164,7 +171,7 @@ class Batcher:
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
         bounds = self._chunk_bounds(request.row_pixels)
-        if len(bounds) == 1 and threads.may_block():
+        if len(bounds) == 1 and (not threads.on_event_loop() or self._short(request) and threads.alone_on_loop()):
             outputs = self._run_here(request)
             if outputs is not None:
                 return outputs
@@ -184,6 +191,15 @@ class Batcher:
         if len(chunks) == 1:
             return chunks[0].outputs
         return {k: np.concatenate([t.outputs[k] for t in chunks]) for k in chunks[0].outputs}
+
+    def _short(self, request: BatchRequest) -> bool:
+        """Whether a lone request's call is short enough for the gevent worker's event loop to run itself (while it
+        serves one connection): one row of at most LOOP_CALL_PIXELS decoded pixels, for a signature whose last call
+        took at most LOOP_CALL_US. Handing it to a batch thread and back is half the thread switches of a lone
+        request at concurrency 1 (docs/performance.md, 'A lone request on the event loop'); a long call would keep a
+        client that connects meanwhile, a health probe say, waiting for all of it."""
+        return request.rows == 1 and int(request.row_pixels[0]) <= LOOP_CALL_PIXELS \
+            and self._last_call_us.get(request.key, LOOP_CALL_US + 1) <= LOOP_CALL_US
 
     def _run_here(self, request: BatchRequest) -> dict[str, np.ndarray] | None:
         """Run a request as a batch of its own on the calling thread, if nothing is queued and a call slot is free
@@ -238,7 +254,7 @@ class Batcher:
             return run(inputs)
         finally:
             self.budget.release(pixels)
-            elapsed_us = (time.monotonic() - started) * 1e6
+            elapsed_us = self._last_call_us[key] = (time.monotonic() - started) * 1e6
             for api in sorted({t.api for t in tasks}):
                 self._metrics.runtime_latency.observe(elapsed_us, model_name=key.model, API=api, runtime="TF")
             self._metrics.record_execution(key.model, key.version, [t.queued_us for t in tasks],

@@ -8,6 +8,7 @@ from google.protobuf import text_format
 
 from serving import threads
 from serving.config import BatchingOptions
+from serving.core import batching
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import ServingError
@@ -309,23 +310,38 @@ def test_a_lone_request_runs_on_its_own_thread_and_no_more_calls_run_than_batch_
     batcher.close()
 
 
-def test_a_request_on_the_event_loop_is_handed_to_a_batch_thread(monkeypatch):
-    """The gevent worker's loop thread never runs a TF call itself: it would hold every other connection."""
-    monkeypatch.setattr(threads, "_loop", {})
-    batcher = Batcher(BatchingOptions(max_batch_size=8, num_batch_threads=1), Metrics())
-    fn = Threads()
+def on_a_loop(alone: bool, calls) -> tuple[int, list]:
+    """Run `calls` (functions of no argument) in order on a thread that serves as the gevent worker's event loop,
+    its worker serving a single connection if `alone`; the loop thread's ident and what each call returned."""
     seen: dict[str, object] = {}
 
     def loop_thread():
-        threads.serve_on_gevent_loop(1)
+        threads.serve_on_gevent_loop(1, alone=lambda: alone)
         seen["loop"] = threading.get_ident()
-        # a deadline: with nothing else for the loop to watch (a worker has its listening socket), gevent would
-        # find the wait endless
-        seen["out"] = batcher.run(request(fn, np.array([[3.0]], np.float32), deadline=time.monotonic() + 5))
-        seen["out"] = seen["out"]["y"].tolist()
+        seen["out"] = [call() for call in calls]
 
     thread = threading.Thread(target=loop_thread)
     thread.start()
     thread.join(10)
-    assert seen["out"] == [[6.0]] and fn.idents == [batcher._threads[0].ident] != [seen["loop"]]
+    return seen["loop"], seen["out"]
+
+
+@pytest.mark.parametrize("case", ["alone", "other connections", "slow signature", "large photo", "two rows"])
+def test_the_event_loop_runs_a_lone_short_call_itself_only_while_it_serves_one_connection(monkeypatch, case):
+    """A call the loop runs keeps every other client waiting: only one of a single row, a photo of at most
+    LOOP_CALL_PIXELS and a signature whose last call was short, while no other connection is open."""
+    monkeypatch.setattr(threads, "_loop", {})
+    batcher = Batcher(BatchingOptions(max_batch_size=8, num_batch_threads=1), Metrics())
+    fn = Threads(delay=0.05 if case == "slow signature" else 0.0)
+    rows = 2 if case == "two rows" else 1
+    pixels = np.full(rows, batching.LOOP_CALL_PIXELS + (1 if case == "large photo" else 0), np.int64)
+    x = np.full((rows, 1), 3.0, np.float32)
+
+    def call():  # a deadline: with nothing else for the loop to watch, gevent would find the wait endless
+        return batcher.run(request(fn, x, deadline=time.monotonic() + 5, row_pixels=pixels))["y"].tolist()
+    loop, outs = on_a_loop(case != "other connections", [call, call])
+    assert outs == [[[6.0]] * rows] * 2
+    batch_thread = batcher._threads[0].ident
+    assert fn.idents[0] == batch_thread, "a signature's first call: how long it takes is not known yet"
+    assert fn.idents[1] == (loop if case == "alone" else batch_thread)
     batcher.close()
