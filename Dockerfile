@@ -23,7 +23,7 @@ RUN apt-get update \
 
 # Dependencies stage: the virtualenv the image runs, with the dependencies alone. They come from pyproject.toml
 # alone, so a change to Petal's code rebuilds only the small layers after them; and the runtime stage starts from
-# this one rather than copying the virtualenv's 2 GB out of it, which took 45 s of every rebuild with buildah here.
+# this one rather than copying the virtualenv's 2 GB out of it, which took 48 s of every rebuild with buildah here.
 # pip's cache stays out of the image; TensorFlow's 430 MB of C++ headers only serve custom-op builds: gone.
 FROM python AS dependencies
 ARG PETAL_EXTRAS=""

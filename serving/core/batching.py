@@ -171,7 +171,7 @@ class Batcher:
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
         bounds = self._chunk_bounds(request.row_pixels)
-        if len(bounds) == 1 and (not threads.on_event_loop() or self._short(request) and threads.alone_on_loop()):
+        if len(bounds) == 1 and (not threads.on_event_loop() or threads.alone_on_loop() and self._short(request)):
             outputs = self._run_here(request)
             if outputs is not None:
                 return outputs
