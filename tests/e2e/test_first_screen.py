@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -114,3 +115,25 @@ def test_predict_and_batch_import_tensorflow_quietly(command, tmp_path):
                          cwd=ROOT, env=user_environment(), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     assert run.stderr == "", run.stderr
+
+
+def test_a_second_server_on_the_first_ones_ports_says_so_at_once_and_exits():
+    """gRPC binds with SO_REUSEPORT (the workers share --port): unchecked, a second server on the first's --port
+    started, said it was ready, and took half of the first's gRPC connections; on its REST port gunicorn retried for
+    5 s, then exited 1 after ten log lines."""
+    with run_server("--host=127.0.0.1") as first:
+        (other,) = free_ports(1)
+        for flags, said in ((["--rest_api_port", str(other), "--port", str(first.grpc_port)],
+                             [f"petal serve: the gRPC port 127.0.0.1:{first.grpc_port} is in use (another server "
+                              "listens there); give --port another port"]),
+                            (["--rest_api_port", str(first.rest_port), "--port", str(first.grpc_port)],
+                             [f"petal serve: the REST port 127.0.0.1:{first.rest_port} is in use (another server "
+                              "listens there); give --rest_api_port another port",
+                              f"petal serve: the gRPC port 127.0.0.1:{first.grpc_port} is in use (another server "
+                              "listens there); give --port another port"])):
+            second = subprocess.run([sys.executable, "-m", "petal", "serve", "--host=127.0.0.1", *flags], cwd=ROOT,
+                                    env=user_environment(), capture_output=True, text=True, timeout=60)
+            # these lines alone: not the banner, which comes before anything loads
+            assert (second.returncode, second.stderr.splitlines(), second.stdout) == (2, said, "")
+        with urllib.request.urlopen(f"{first.rest_url}/readyz", timeout=10) as answer:
+            assert answer.status == 200
