@@ -163,6 +163,9 @@ def parse_args(argv: list[str]) -> ServerOptions:
     values = dict(vars(args))
     if args.rest_api_port == 0:
         parser.error("--rest_api_port=0: Petal always serves REST (its health probes live there); give it a port")
+    if args.rest_api_port == args.port:
+        parser.error(f"--rest_api_port={args.port} is --port too: give REST a port of its own (TF Serving would skip "
+                     "REST; Petal always serves it, its health probes live there)")
     if args.rest_api_enable_cors_support and not args.cors_allowed_origins:
         values["cors_allowed_origins"] = ("*",)
     parallelism = args.tensorflow_session_parallelism

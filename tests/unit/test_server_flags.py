@@ -112,6 +112,16 @@ def test_a_malformed_value_fails_as_it_does_in_tf_serving(capsys):
         assert argv[0].split("=")[0][2:] in capsys.readouterr().err
 
 
+def test_one_port_for_rest_and_grpc_is_refused_at_start(capsys):
+    """TF Serving logs an error and skips REST; Petal, which always serves REST, refuses the flags instead of
+    failing in its worker once the models have loaded, when gRPC finds the port taken by REST."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--port=9000", "--rest_api_port=9000"])
+    assert exit_info.value.code == 2
+    assert "--rest_api_port=9000 is --port too" in capsys.readouterr().err
+    assert parse_args(["--port=9000", "--rest_api_port=9001"]).protocols.port == 9000
+
+
 def test_session_parallelism_sets_both_pools_unless_one_is_given(capsys):
     both = parse_args(["--tensorflow_session_parallelism=3"]).dataplane
     assert (both.tensorflow_intra_op_parallelism, both.tensorflow_inter_op_parallelism) == (3, 3)
