@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 # absl's prefix: severity, date, time, thread id, file:line]
 ABSL_LINE = re.compile(rb"([IWEF])\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] ")
 PRE_INIT_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-SEVERITIES = b"IWEF"
+SEVERITIES = {b"I": "INFO", b"W": "WARNING", b"E": "ERROR", b"F": "CRITICAL"}  # absl's, in order; Python's names
 ERROR = 2
 PIPE_BYTES = 1 << 20  # so that a burst while the importing thread holds the GIL never blocks the writer
 MAX_LINE_BYTES = 1 << 20  # a writer that never ends a line has it written out in pieces this long
@@ -43,7 +43,7 @@ def shown(line: bytes, level: int) -> bool:
     if line.rstrip(b"\r") == PRE_INIT_NOTICE:
         return level <= 0
     match = ABSL_LINE.match(line)
-    return match is None or SEVERITIES.index(match.group(1)) >= min(level, ERROR)
+    return match is None or list(SEVERITIES).index(match.group(1)) >= min(level, ERROR)
 
 
 def import_tensorflow() -> None:

@@ -22,10 +22,9 @@ import threading
 import time
 from typing import Any
 
-from serving.tensorflow_logs import ABSL_LINE, relay_lines, write_all
+from serving.tensorflow_logs import ABSL_LINE, SEVERITIES, relay_lines, write_all
 
 LOGGER = "petal.worker.stderr"
-LEVELS = {b"I": "INFO", b"W": "WARNING", b"E": "ERROR", b"F": "CRITICAL"}
 FATAL = b"Fatal Python error: "  # how CPython (and its faulthandler) begins a crash's last words
 
 _console: dict[str, int] = {}  # "fd": in a worker, the descriptor 2 it was born with
@@ -95,6 +94,6 @@ def as_json(line: bytes, pid: int | None) -> bytes:
         except ValueError:
             pass
     match = ABSL_LINE.match(stripped)
-    level = LEVELS[match.group(1)] if match else "CRITICAL" if stripped.startswith(FATAL) else "WARNING"
+    level = SEVERITIES[match.group(1)] if match else "CRITICAL" if stripped.startswith(FATAL) else "WARNING"
     return json.dumps({"ts": round(time.time(), 3), "level": level, "logger": LOGGER,
                        "msg": stripped.decode("utf-8", "replace"), "pid": pid}).encode() + b"\n"
