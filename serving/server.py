@@ -201,7 +201,7 @@ def taken_ports(protocols: ProtocolOptions) -> list[str]:
     ports = [("REST", "--rest_api_port", protocols.rest_api_port)]
     ports += [("gRPC", "--port", protocols.port)] if protocols.port else []
     return [f"the {name} port {bind_address(protocols.host, port)} is in use (another server listens there); "
-            f"give {flag} another port" for name, flag, port in ports if port and _listened_on(protocols.host, port)]
+            f"give {flag} another port" for name, flag, port in ports if _listened_on(protocols.host, port)]
 
 
 def _listened_on(host: str, port: int) -> bool:
