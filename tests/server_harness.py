@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import re
 import shutil
 import ssl
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
@@ -60,6 +62,18 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
     probe = launcher.answers("/readyz" if wait_ready else "/healthz", tls_context)
     return launcher.running(petal_serve_args, ready=probe, stop_timeout_s=stop_timeout, tls=tls_context is not None,
                             cwd=cwd, env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, wrapper=wrapper)
+
+
+def access_lines(server: Server, until: Callable[[list[dict]], bool], timeout_s: float = 30.0) -> list[dict]:
+    """The server's access-log records once `until` holds for them. A worker's stderr reaches the log through the
+    master's relay, after the response has gone, so a line read at once can still be on its way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = (json.loads(line) for line in server.log().splitlines() if line.startswith("{"))
+        lines = [entry for entry in records if entry.get("logger") == "petal.access"]
+        if until(lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 @contextmanager

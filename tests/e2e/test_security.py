@@ -24,7 +24,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from grpc_calls import predict_request, rpc_error
-from server_harness import copy_model, jpeg, run_server
+from server_harness import access_lines, copy_model, jpeg, run_server
 from serving.client import Client, RequestError, Security, ServerError
 from serving.flags import parse_args
 from tls_certs import make_pki, repr_pem
@@ -237,11 +237,6 @@ def test_trickled_headers_inside_tls_are_cut_off(server, pki):
 
 # --- the access log --------------------------------------------------------------------------------------------
 
-def access_lines(server) -> list[dict]:
-    return [entry for entry in map(json.loads, filter(lambda line: line.startswith("{"), server.log().splitlines()))
-            if entry.get("logger") == "petal.access"]
-
-
 def test_access_log_has_one_line_per_request_with_its_id_and_never_a_token(server, pki):
     response = requests.post(f"{server.rest_url}/v1/models/flowers/versions/1:predict", json=predict_body(),
                              headers={**bearer(PREDICT_TOKEN), "X-Request-ID": "client-id-42"},
@@ -255,8 +250,9 @@ def test_access_log_has_one_line_per_request_with_its_id_and_never_a_token(serve
         prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
             predict_request(), timeout=30, metadata=[("authorization", f"Bearer {PREDICT_TOKEN}"),
                                                      ("x-request-id", "grpc-id-7")])
-    time.sleep(0.5)
-    lines = {entry["request_id"]: entry for entry in access_lines(server)}
+    wanted = {"client-id-42", generated, "grpc-id-7"}
+    lines = {entry["request_id"]: entry for entry in access_lines(
+        server, lambda lines: wanted <= {entry["request_id"] for entry in lines})}
     rest = lines["client-id-42"]
     assert {k: rest[k] for k in ("protocol", "method", "path", "model", "version", "status")} == {
         "protocol": "rest", "method": "POST", "path": "/v1/models/flowers/versions/1:predict", "model": "flowers",
