@@ -334,6 +334,7 @@ class Batcher:
     def _loop(self) -> None:
         """Take the next batch while a call slot is free. A thread that ends a call gives its slot back as it looks
         for the next batch, so only a request that ran on its own thread wakes a batch thread for its slot."""
+        threads.name_native_thread(threading.current_thread().name)  # petal-batch-N in top -H, ps -L and /proc
         ran = False
         while True:
             with self._lock:
