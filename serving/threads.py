@@ -46,7 +46,7 @@ def name_native_thread(name: str) -> None:
     /proc/PID/task/TID/comm show it: Python 3.11 names only its own Thread objects, so every thread of a worker
     showed as the worker. Linux only; elsewhere nothing changes."""
     if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
 
 
 def serve_on_gevent_loop(os_threads: int, alone: Callable[[], bool] = lambda: False) -> None:
