@@ -24,10 +24,10 @@
    client included, since both share this machine. A ratio to the limit is read against that bound. Each server's
    CPU per image is a column of the table, and at the first concurrency it is also compared with the CPU of one
    in-process single-image call, and its threads' context switches per request are counted.
-Everything runs side by side in one run, in interleaved rounds (each cell is the median round; each round starts
-at another column), so the ratios hold even though absolute times on a shared machine do not. Against an earlier
-checkout, each round's own ratio is printed too, lowest to highest: a ratio of medians means something only
-beside that spread.
+Everything runs side by side in one run, in interleaved rounds (each cell is the median round; each round runs the
+columns in an order of its own, shuffled from --seed, so no column always follows another), so the ratios hold
+even though absolute times on a shared machine do not. Against an earlier checkout, each round's own ratio is
+printed too, lowest to highest: a ratio of medians means something only beside that spread.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ import http.client
 import json
 import os
 import pickle
+import random
 import selectors
 import socket
 import subprocess
@@ -741,6 +742,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each cell is their median")
+    parser.add_argument("--seed", type=int, default=0, help="shuffles each round's column order (printed)")
     parser.add_argument("--limit_seconds", type=float, default=1.0, help="seconds per in-process batch size")
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
     parser.add_argument("--ab_args", default="", help="one more REST column: a Petal with these flags added, to "
@@ -801,10 +803,12 @@ def main() -> int:
                               for tree, earlier in before.items() for protocol in PROTOCOLS}}
                     for name, photos in sets.items()}
         columns = [*titles, LIMIT]
-        for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike
-            turn = round_ % len(columns)  # and each round starts at another column, so none is always first
+        shuffle = random.Random(args.seed)
+        for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike,
+            order = shuffle.sample(columns, len(columns))  # in a new order, so none always runs after another
+            print(f"round {round_ + 1} order: {', '.join(order)}", flush=True)
             for name, photos in sets.items():
-                for col in columns[turn:] + columns[:turn]:
+                for col in order:
                     if col == LIMIT:
                         limit_rounds[name].append(in_process_limits(model_dir, photos, args.limit_seconds))
                     else:
