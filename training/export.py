@@ -28,36 +28,40 @@ MAX_WARMUP_IMAGES = 5
 
 
 class _Servable(tf.Module):
-    """The exported object: the model, the label table and the two signatures."""
+    """The exported object: the model's variables, the label table and the two signatures.
+
+    The Keras model itself stays out of the object graph: Keras 3 checkpoints each of its variables as a copy of
+    its own, which graph loaders (TF Serving's SavedModelBundle, `saved_model_cli run`) restore while the signatures
+    read the backend variable, left uninitialized there ("Could not find variable", keras-team/keras#20096). So the
+    backend variables are what is tracked and checkpointed, once each.
+    """
 
     def __init__(self, model: keras.Model, labels_path: str, image_size: int):
         super().__init__()
-        self.model = model
-        self.image_size = image_size
-        self.num_classes = int(model.output_shape[-1])
+        self.model_variables = [v.value for v in model.variables]
         self.labels = tf.lookup.StaticHashTable(
             tf.lookup.TextFileInitializer(labels_path, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
                                           tf.string, tf.lookup.TextFileIndex.WHOLE_LINE),
             default_value="")
-        size = image_size
+        num_classes = int(model.output_shape[-1])
+
+        def classify(images):
+            # An empty batch skips the model: some kernels (oneDNN batch norm) reject a zero batch dimension.
+            logits = tf.cond(tf.shape(images)[0] > 0,
+                             lambda: tf.cast(model(images, training=False), tf.float32),
+                             lambda: tf.zeros([0, num_classes]))
+            classid = tf.argmax(logits, axis=1, output_type=tf.int64)
+            return {"probabilities": tf.nn.softmax(logits), "classid": classid, "class": self.labels.lookup(classid)}
+
+        def from_bytes(image_bytes):
+            images = tf.map_fn(lambda b: preprocess_eval(b, image_size, image_size), image_bytes,
+                               fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.float32))
+            return classify(images)
+
         self.serving_default = tf.function(
-            self._from_bytes, input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+            from_bytes, input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
         self.predict_images = tf.function(
-            self._classify, input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32, name="images")])
-
-    def _from_bytes(self, image_bytes):
-        images = tf.map_fn(
-            lambda b: preprocess_eval(b, self.image_size, self.image_size), image_bytes,
-            fn_output_signature=tf.TensorSpec([self.image_size, self.image_size, 3], tf.float32))
-        return self._classify(images)
-
-    def _classify(self, images):
-        # An empty batch skips the model: some kernels (oneDNN batch norm) reject a zero batch dimension.
-        logits = tf.cond(tf.shape(images)[0] > 0,
-                         lambda: tf.cast(self.model(images, training=False), tf.float32),
-                         lambda: tf.zeros([0, self.num_classes]))
-        classid = tf.argmax(logits, axis=1, output_type=tf.int64)
-        return {"probabilities": tf.nn.softmax(logits), "classid": classid, "class": self.labels.lookup(classid)}
+            classify, input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.float32, name="images")])
 
 
 def synthetic_jpegs(count: int = 3, size: int = 64) -> list[bytes]:

@@ -126,6 +126,30 @@ def test_saved_model_cli_lists_both_signatures(exported):
     assert "outputs['classid'] tensor_info:\n        dtype: DT_INT64" in run.stdout
 
 
+def saved_model_cli_probabilities(path: str, images: list[bytes], folder) -> np.ndarray:
+    """`saved_model_cli run`'s answer: it loads the SavedModel as TF Serving's SavedModelBundle does (the graph in
+    a Session, the variables restored by the saver's restore op), not as tf.saved_model.load does."""
+    inputs = str(folder / "images.npy")
+    np.save(inputs, np.array(images, dtype=object))
+    run = subprocess.run([os.path.join(BIN, "saved_model_cli"), "run", "--dir", path, "--tag_set", "serve",
+                          "--signature_def", "serving_default", "--inputs", f"image_bytes={inputs}"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    printed = run.stdout.split("Result for output key probabilities:\n", 1)[1].split("Result for", 1)[0]
+    return np.array(json.loads(" ".join(printed.split()).replace(" ", ",").replace("[,", "[").replace(",]", "]")))
+
+
+@pytest.mark.parametrize("model", ["fresh export", "shipped default model"])
+def test_a_graph_loader_restores_every_variable_the_signature_reads(model, exported, jpegs, tmp_path):
+    """Keras 3 checkpoints a model's variables as copies that a graph loader restores while the signature reads
+    the originals ("Could not find variable" in TF Serving, keras-team/keras#20096): the export tracks the
+    originals."""
+    path = exported[1] if model == "fresh export" else os.path.join(model_format.DEFAULT_MODEL_BASE_PATH, "1")
+    expected = tf.saved_model.load(path).signatures["serving_default"](image_bytes=tf.constant(jpegs))
+    np.testing.assert_allclose(saved_model_cli_probabilities(path, jpegs, tmp_path), expected["probabilities"],
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_undecodable_bytes_raise_invalid_argument_and_the_model_keeps_working(exported, jpegs):
     _, path = exported
     serve = tf.saved_model.load(path).signatures["serving_default"]
