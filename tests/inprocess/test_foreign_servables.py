@@ -1,16 +1,20 @@
 """SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py and
 exported_models/tf_serving_models.py build them): a TF1 graph's meta graph chosen by its tags, a model.tflite without
-signatures given TF Serving's generated one, and a TF2 module's signatures called flat (serving/core/loaders.py).
+signatures given TF Serving's generated one, a TF2 module in a Session and its signatures called flat, and Keras's own
+export, which only runs as functions (serving/core/loaders.py).
 The same models served by `petal serve` are
 tests/e2e/test_foreign_loading.py."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import foreign_models
 from exported_models import model_format, tf_serving_models
-from serving.core import Code, ServingError
+from serving.core import Code, ServingError, loaders
 from serving.core.loaders import LoadOptions
 from serving.core.servable import Servable
 
@@ -46,16 +50,46 @@ def test_a_tflite_file_without_signatures_gets_tf_servings_generated_one(tmp_pat
         assert got[output].tolist() == [0.5 * v + 2 for v in x]
 
 
+MULTI_INPUTS = {"text": np.array([b"abc", b""], dtype=object), "ids": np.array([[1, 2], [3, 4]], np.int64)}
+MULTI_OUTPUTS = {"sum": [3, 7], "length": [3, 0], "echo_bytes": [b"abc", b""]}
+
+
 def test_a_tf2_signature_called_flat_maps_inputs_and_outputs_by_name_and_refuses_bad_input(tmp_path):
-    servable = Servable("m", 1, foreign_models.tf2_module(str(tmp_path)), LoadOptions())
-    assert servable.format == "saved_model_tf2"
-    inputs = {"text": np.array([b"abc", b""], dtype=object), "ids": np.array([[1, 2], [3, 4]], np.int64)}
-    got = servable.run("multi", inputs)  # two inputs, three outputs: the flat orders are not the given ones
-    assert {k: v.tolist() for k, v in got.items()} == {"sum": [3, 7], "length": [3, 0], "echo_bytes": [b"abc", b""]}
-    for bad in ({"ids": inputs["ids"]}, {**inputs, "extra": inputs["ids"]}):
+    path = foreign_models.tf2_module(str(tmp_path))
+    model = loaders.FunctionModel(path, model_format.meta_graph(model_format.read_saved_model(path), {"serve"}),
+                                  frozenset({"serve"}))
+    run = functools.partial(model.run, "multi", output_names=["sum", "length", "echo_bytes"])
+    got = run(MULTI_INPUTS)  # two inputs, three outputs: the flat orders are not the given ones
+    assert {k: v.tolist() for k, v in got.items()} == MULTI_OUTPUTS
+    for bad in ({"ids": MULTI_INPUTS["ids"]}, {**MULTI_INPUTS, "extra": MULTI_INPUTS["ids"]}):
         with pytest.raises(ServingError) as refused:
-            servable.run("multi", bad)
+            run(bad)
         assert refused.value.code == Code.INVALID_ARGUMENT and "['ids', 'text']" in refused.value.message
     with pytest.raises(ServingError) as wrong_dtype:  # int32 for an int64 input: TensorFlow's own refusal
-        servable.run("multi", {**inputs, "ids": inputs["ids"].astype(np.int32)})
+        run({**MULTI_INPUTS, "ids": MULTI_INPUTS["ids"].astype(np.int32)})
     assert wrong_dtype.value.code == Code.INVALID_ARGUMENT and "int64" in wrong_dtype.value.message
+
+
+def test_a_tf2_module_runs_in_a_session_as_tf_serving_runs_it_with_the_functions_answers(tmp_path):
+    path = foreign_models.tf2_module(str(tmp_path))
+    servable = Servable("m", 1, path, LoadOptions())
+    assert (servable.format, servable.static_shapes) == ("saved_model_tf2_session", True)  # TF2's shape contract
+    assert {k: v.tolist() for k, v in servable.run("multi", MULTI_INPUTS).items()} == MULTI_OUTPUTS
+    functions = tf.saved_model.load(path).signatures
+    examples = np.array([foreign_models.example(x=x).SerializeToString() for x in (1.0, 6.0)], dtype=object)
+    for key, value in (("serving_default", np.array([1.0, 6.0], np.float32)), ("classify", examples),
+                       ("regress", examples)):
+        (name,) = servable.signatures[key].inputs
+        want = {k: v.numpy().tolist() for k, v in functions[key](**{name: tf.constant(value)}).items()}
+        assert {k: v.tolist() for k, v in servable.run(key, {name: value}).items()} == want, key
+
+
+def test_a_keras_export_whose_graph_restores_copies_of_its_variables_runs_as_functions(tmp_path):
+    """Keras 3's own `model.export()` checkpoints copies of the variables, so its graph in a Session (TF Serving's
+    SavedModelBundle) reads variables nothing restored (keras-team/keras#20096): it runs as functions."""
+    servable = Servable("m", 1, foreign_models.keras_export(str(tmp_path)), LoadOptions())
+    assert (servable.format, servable.static_shapes) == ("saved_model_tf2", True)
+    key = "serving_default"
+    (name,) = servable.signatures[key].outputs
+    got = servable.run(key, {"features": np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 2.0]], np.float32)})
+    np.testing.assert_allclose(got[name], [[6.5], [6.5]])
