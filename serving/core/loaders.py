@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, error_codes_pb2
+from tensorflow.python.util import deprecation
 
 from exported_models import model_format
 from exported_models.model_format import SignatureInfo
@@ -147,7 +148,8 @@ class SessionModel:
 
     def __init__(self, path: str, tags: frozenset[str]):
         self._session = tf.compat.v1.Session(graph=tf.Graph())
-        graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
+        with deprecation.silence():  # TF's notice that the TF1 loader is deprecated would print at every load
+            graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
         self.signatures = model_format.signature_infos(graph)
         self._callables: dict[tuple[str, tuple[str, ...]], Callable[..., list[np.ndarray]]] = {}
         self._lock = threading.Lock()
