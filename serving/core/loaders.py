@@ -30,6 +30,7 @@ from tensorflow.python.util import deprecation
 
 from exported_models import model_format
 from exported_models.model_format import SignatureInfo
+from serving import threads
 from serving.core.errors import Code, ServingError, invalid, op_error_message
 
 DEFAULT_TAGS = frozenset({"serve"})
@@ -142,6 +143,12 @@ class SessionModel:
     that name the feed and fetch tensors), which feeds by tensor name as TF Serving's `Session::Run` does: a fed
     value replaces its tensor whatever the tensor's static shape, and only the graph's own ops check shapes.
     `Session.make_callable` would not do: given feeds, it goes through `Session.run` and its Python feed checks.
+
+    A call on the gevent worker's event loop (a lone request there: serving/core/batching.py) runs the graph on
+    that thread, which would only wait for the pool meanwhile (RunOptions.inter_op_thread_pool -1): at
+    concurrency 1 that took a request's thread switches from about 9.7 to 0.8 (docs/performance.md, 'TF2 models
+    in a Session'). Every other call keeps the niced pool: run on their callers' threads, batches competed at
+    normal priority with the thread that reads requests, and concurrency 16 lost a fifth of its throughput.
     """
     format = "saved_model_session"
     static_shapes = False
@@ -151,7 +158,7 @@ class SessionModel:
         with deprecation.silence():  # TF's notice that the TF1 loader is deprecated would print at every load
             graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
         self.signatures = model_format.signature_infos(graph)
-        self._callables: dict[tuple[str, tuple[str, ...]], Callable[..., list[np.ndarray]]] = {}
+        self._callables: dict[tuple[str, tuple[str, ...], bool], Callable[..., list[np.ndarray]]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -185,20 +192,23 @@ class SessionModel:
         if missing:
             raise invalid(f"Signature {key!r} needs the inputs {missing}")
         with _tf_errors():  # a signature of sparse or ragged tensors has no tensor names to run by: bad input too
-            values = self._callable(key, tuple(output_names))(*(inputs[name] for name in feeds))
+            values = self._callable(key, tuple(output_names), threads.on_event_loop())(*(inputs[name]
+                                                                                          for name in feeds))
         return dict(zip(output_names, values, strict=True))
 
-    def _callable(self, key: str, output_names: tuple[str, ...]) -> Callable[..., list[np.ndarray]]:
-        run = self._callables.get((key, output_names))  # built once: later requests take it without the lock
+    def _callable(self, key: str, output_names: tuple[str, ...], inline: bool) -> Callable[..., list[np.ndarray]]:
+        run = self._callables.get((key, output_names, inline))  # built once: later calls take it without the lock
         if run is not None:
             return run
         with self._lock:
-            run = self._callables.get((key, output_names))
+            run = self._callables.get((key, output_names, inline))
             if run is None:
                 info = self.signatures[key]
                 options = config_pb2.CallableOptions(
                     feed=[info.inputs[name].name for name in sorted(info.inputs)],
                     fetch=[info.outputs[name].name for name in output_names])
+                if inline:
+                    options.run_options.inter_op_thread_pool = -1  # TensorFlow's value for the calling thread
                 run = self._session._make_callable_from_options(options)  # the C API's callable; no public name
-                self._callables[(key, output_names)] = run
+                self._callables[(key, output_names, inline)] = run
             return run

@@ -1,8 +1,8 @@
 """A lone request's TF call runs on the gevent worker's event loop, in a real `petal serve` (docs/performance.md, 'A
 lone request on the event loop'): one client on one keep-alive connection never wakes a batch thread, and clients
-on several connections at once are handed to them. The batch threads carry their names in /proc
-(serving/threads.py, `name_native_thread`), where the kernel counts each one's sleeps: a thread handed a request
-wakes for it and sleeps again after.
+on several connections at once are handed to them, and the loop runs the model's graph itself, not on TensorFlow's
+pool. The batch threads carry their names in /proc (serving/threads.py, `name_native_thread`), as TensorFlow's
+do, and the kernel counts each one's sleeps: a thread handed work wakes for it and sleeps again after.
 """
 from __future__ import annotations
 
@@ -17,16 +17,22 @@ from server_harness import b64, jpeg, run_server, tiny_model_base, worker_pid
 REQUESTS = 40
 
 
-def batch_thread_sleeps(worker: int) -> dict[str, int]:
-    """Each batch thread's voluntary context switches so far, by its name."""
+def thread_sleeps(worker: int, prefix: str) -> dict[str, int]:
+    """The voluntary context switches so far of each of the worker's threads whose name starts with `prefix`, by
+    name and thread id."""
     sleeps = {}
     for tid in os.listdir(f"/proc/{worker}/task"):
         with open(f"/proc/{worker}/task/{tid}/comm") as f:
             name = f.read().strip()
-        if name.startswith("petal-batch-"):
+        if name.startswith(prefix):
             with open(f"/proc/{worker}/task/{tid}/status") as f:
-                sleeps[name] = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+                sleeps[f"{name}/{tid}"] = next(int(line.split()[1]) for line in f
+                                               if line.startswith("voluntary_ctxt_switches"))
     return sleeps
+
+
+def batch_thread_sleeps(worker: int) -> dict[str, int]:
+    return {name.split("/")[0]: count for name, count in thread_sleeps(worker, "petal-batch-").items()}
 
 
 def predict(session: requests.Session, url: str, body: dict) -> None:
@@ -42,14 +48,17 @@ def test_one_client_never_wakes_a_batch_thread_and_several_do():
         with requests.Session() as session:
             for _ in range(3):  # the first call is handed over: the loop runs only a call it has timed as short
                 predict(session, url, body)
-            before = batch_thread_sleeps(worker)
-            assert sorted(before) == ["petal-batch-0", "petal-batch-1"]
+            before, pool_before = batch_thread_sleeps(worker), thread_sleeps(worker, "tf_")
+            assert sorted(before) == ["petal-batch-0", "petal-batch-1"] and pool_before
             for _ in range(REQUESTS):
                 predict(session, url, body)
-            alone = batch_thread_sleeps(worker)
+            alone, pool_alone = batch_thread_sleeps(worker), thread_sleeps(worker, "tf_")
         # Handed over, each request wakes a batch thread (REQUESTS sleeps or more); on the loop none does, but a
         # call that a loaded machine made longer than the loop's bound (10 ms) hands the next one over.
         assert sum(alone.values()) - sum(before.values()) < REQUESTS // 2, (before, alone)
+        # The loop runs the graph itself (serving/core/loaders.py, SessionModel): TensorFlow's pool threads, which
+        # woke several times a request when the Session ran it on them, stay asleep.
+        assert sum(pool_alone.values()) - sum(pool_before.values()) < REQUESTS // 2, (pool_before, pool_alone)
 
         sessions = [requests.Session() for _ in range(4)]
         with ThreadPoolExecutor(len(sessions)) as pool:
