@@ -148,7 +148,7 @@ class SessionModel:
     that thread, which would only wait for the pool meanwhile (RunOptions.inter_op_thread_pool -1): at
     concurrency 1 that took a request's thread switches from about 9.7 to 0.8 (docs/performance.md, 'TF2 models
     in a Session'). Every other call keeps the niced pool: run on their callers' threads, batches competed at
-    normal priority with the thread that reads requests, and concurrency 16 lost a fifth of its throughput.
+    normal priority with the thread that reads requests, and concurrency 16 lost 20–31% of its throughput.
     """
     format = "saved_model_session"
     static_shapes = False
