@@ -20,11 +20,12 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/petal serve
 
+# The first run lists its 20 slowest tests: CI has about 12 minutes on 2 cores.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" --durations=20
 	$(PY) -m pytest -q -m serial $(SERIAL_TESTS)
 
 .PHONY: install serve test

@@ -25,6 +25,7 @@ T = TypeVar("T")
 FAR_DEADLINE_S = 365 * 24 * 3600.0
 
 _loop: dict[str, Any] = {}  # "thread": ident of this worker's gevent loop thread, "pool": its OS thread pool
+_marks = threading.local()  # .alone: this OS thread serves the only call in flight (CallCount); native, unpatched
 
 
 class Waker(Protocol):
@@ -61,6 +62,35 @@ def serve_on_gevent_loop(os_threads: int, alone: Callable[[], bool] = lambda: Fa
 
 def on_event_loop() -> bool:
     return _loop.get("thread") == threading.get_ident()
+
+
+def alone() -> bool:
+    """Whether the calling thread serves the worker's only request in flight: the event loop while it serves a
+    single connection, or a thread whose call a CallCount found alone. Such a thread may run a TF graph itself
+    rather than hand it to TensorFlow's pool and wait, as nothing else is there to be served meanwhile
+    (serving/core/loaders.py)."""
+    if on_event_loop():
+        return _loop["alone"]()
+    return getattr(_marks, "alone", False)
+
+
+class CallCount:
+    """The calls in flight on a server's OS threads (the gRPC server's), entered for each call's duration: a call
+    that starts as the only one marks its thread `alone` until it ends."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._count += 1
+            _marks.alone = self._count == 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        _marks.alone = False
+        with self._lock:
+            self._count -= 1
 
 
 def alone_on_loop() -> bool:

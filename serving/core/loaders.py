@@ -144,11 +144,13 @@ class SessionModel:
     value replaces its tensor whatever the tensor's static shape, and only the graph's own ops check shapes.
     `Session.make_callable` would not do: given feeds, it goes through `Session.run` and its Python feed checks.
 
-    A call on the gevent worker's event loop (a lone request there: serving/core/batching.py) runs the graph on
-    that thread, which would only wait for the pool meanwhile (RunOptions.inter_op_thread_pool -1): at
-    concurrency 1 that took a request's thread switches from about 9.7 to 0.8 (docs/performance.md, 'TF2 models
-    in a Session'). Every other call keeps the niced pool: run on their callers' threads, batches competed at
-    normal priority with the thread that reads requests, and concurrency 16 lost 20–31% of its throughput.
+    A call from a thread that serves the worker's only request in flight (`threads.alone`: the gevent worker's
+    event loop serving one connection, or a gRPC thread whose call is the only one) runs the graph on that thread,
+    which would only wait for the pool meanwhile (RunOptions.inter_op_thread_pool -1): at concurrency 1 that took
+    a REST request's thread switches from about 9.7 to 0.8, a gRPC call's from 29.8 to 18.3 (docs/performance.md,
+    'TF2 models in a Session'). Every other call keeps the niced pool: run on their callers' threads, batches
+    competed at normal priority with the threads that read requests (concurrency 16 lost 20–31% of its REST
+    throughput), and so did gRPC calls that merely found a batch slot free (0.84x at 64).
     """
     format = "saved_model_session"
     static_shapes = False
@@ -192,8 +194,8 @@ class SessionModel:
         if missing:
             raise invalid(f"Signature {key!r} needs the inputs {missing}")
         with _tf_errors():  # a signature of sparse or ragged tensors has no tensor names to run by: bad input too
-            values = self._callable(key, tuple(output_names), threads.on_event_loop())(*(inputs[name]
-                                                                                          for name in feeds))
+            run = self._callable(key, tuple(output_names), threads.alone())
+            values = run(*(inputs[name] for name in feeds))
         return dict(zip(output_names, values, strict=True))
 
     def _callable(self, key: str, output_names: tuple[str, ...], inline: bool) -> Callable[..., list[np.ndarray]]:

@@ -1,17 +1,21 @@
 """A lone request's TF call runs on the gevent worker's event loop, in a real `petal serve` (docs/performance.md, 'A
-lone request on the event loop'): one client on one keep-alive connection never wakes a batch thread, and clients
-on several connections at once are handed to them, and the loop runs the model's graph itself, not on TensorFlow's
-pool. The batch threads carry their names in /proc (serving/threads.py, `name_native_thread`), as TensorFlow's
-do, and the kernel counts each one's sleeps: a thread handed work wakes for it and sleeps again after.
+lone request on the event loop'): one client on one keep-alive connection never wakes a batch thread, and clients on
+several connections at once are handed to them, and the loop runs the model's graph itself, not on TensorFlow's pool;
+so does a lone gRPC Predict's thread. The batch threads carry their names in /proc (serving/threads.py,
+`name_native_thread`), as TensorFlow's do, and the kernel counts each one's sleeps: a thread handed work wakes for it
+and sleeps again after.
 """
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import requests
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from grpc_calls import predict_request
 from server_harness import b64, jpeg, run_server, tiny_model_base, worker_pid
 
 REQUESTS = 40
@@ -67,3 +71,18 @@ def test_one_client_never_wakes_a_batch_thread_and_several_do():
             session.close()
         woken = batch_thread_sleeps(worker)
     assert sum(woken.values()) - sum(alone.values()) >= REQUESTS // 2, (alone, woken)
+
+
+@pytest.mark.serial
+def test_a_lone_grpc_predict_runs_the_graph_on_its_own_thread():
+    with run_server(f"--model_base_path={tiny_model_base()}") as server, \
+            grpc.insecure_channel(server.grpc_target) as channel:
+        worker = worker_pid(server.proc.pid)
+        stub, request = prediction_service_pb2_grpc.PredictionServiceStub(channel), predict_request()
+        stub.Predict(request, timeout=60)
+        before = thread_sleeps(worker, "tf_")
+        for _ in range(REQUESTS):
+            stub.Predict(request, timeout=60)
+        after = thread_sleeps(worker, "tf_")
+    # Run on TensorFlow's pool, each Predict woke its threads several times.
+    assert before and sum(after.values()) - sum(before.values()) < REQUESTS // 2, (before, after)

@@ -80,6 +80,7 @@ class Gate(grpc.ServerInterceptor):
         self.receiving = threading.BoundedSemaphore(receivers)
         self.reserve = reserve
         self.receive_wait = receive_wait
+        self.calls = threads.CallCount()  # a lone call runs its graph on its own thread (serving/threads.py)
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
@@ -116,7 +117,7 @@ class Gate(grpc.ServerInterceptor):
                     raise received.error
             except ServingError as err:
                 context.abort(GRPC_STATUS[err.code], err.message)
-            with received.hold:
+            with received.hold, self.calls:
                 return behavior(received.request, context)
 
         call = self.logged(gated, details.method, metadata) if self.log_requests else gated
