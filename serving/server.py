@@ -54,6 +54,19 @@ def _post_worker_init(gunicorn_worker) -> None:
     signal.signal(signal.SIGTERM, worker.on_sigterm)
 
 
+def _stop_signals_until_the_worker_takes_them() -> None:
+    """In a process the master just forked: a stop signal ends it at once, until gunicorn's worker installs its own
+    handlers. Until then the worker holds the master's, which queue the signal in the master's memory (the
+    worker's copy of it), so a SIGTERM passed on in those moments was lost: the worker went on to load its models
+    and serve until --graceful_timeout ran out and the master killed it."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, _exit_before_serving)
+
+
+def _exit_before_serving(signum: int, frame: object) -> None:
+    os._exit(0)  # nothing is loaded or served yet: nothing to drain
+
+
 def _stop_accepting(gunicorn_worker) -> None:
     """The REST port's part of a drain: gunicorn's worker stops accepting and lets its requests in flight finish;
     Petal's gevent worker also closes its idle keep-alive connections now, which would otherwise hold the drain for
@@ -184,6 +197,7 @@ def main(argv: list[str]) -> int:
             metrics.prepare_multiprocess(os.path.join(runtime, "metrics"))
         options = dataclasses.replace(options, process=dataclasses.replace(
             options.process, runtime_dir=runtime, reload_dir=shared, started_at=started))
+        os.register_at_fork(after_in_child=_stop_signals_until_the_worker_takes_them)
         PetalApplication(options, tls_files).run()
     finally:
         worker_stderr.drain(STDERR_DRAIN_S)
