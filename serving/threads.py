@@ -69,9 +69,7 @@ def alone() -> bool:
     single connection, or a thread whose call a CallCount found alone. Such a thread may run a TF graph itself
     rather than hand it to TensorFlow's pool and wait, as nothing else is there to be served meanwhile
     (serving/core/loaders.py)."""
-    if on_event_loop():
-        return _loop["alone"]()
-    return getattr(_marks, "alone", False)
+    return alone_on_loop() if on_event_loop() else getattr(_marks, "alone", False)
 
 
 class CallCount:
