@@ -13,14 +13,12 @@ accepting, lets requests in flight finish, then exits; the master gives it --gra
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import logging
 import math
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -29,8 +27,8 @@ from typing import TYPE_CHECKING
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 
-from serving import metrics, worker_stderr
-from serving.config import ProtocolOptions, ServerOptions, bind_address
+from serving import metrics, ports, worker_stderr
+from serving.config import ServerOptions, bind_address
 from serving.config_files import write_key_pair
 from serving.flags import parse_args
 from serving.memory import log_estimated_budget
@@ -181,9 +179,10 @@ def main(argv: list[str]) -> int:
         except OSError as error:
             print(f"petal serve: {error}", file=sys.stderr)
             return 2
-    taken = taken_ports(protocols)
-    if taken:
-        print("\n".join(f"petal serve: {port}" for port in taken), file=sys.stderr)
+    taken = ports.taken_ports(protocols)
+    claim, claimed_elsewhere = (None, "") if taken else ports.claim_grpc_port(protocols)
+    if taken or claimed_elsewhere:
+        print("\n".join(f"petal serve: {why}" for why in taken or [claimed_elsewhere]), file=sys.stderr)
         return 2
     print(f"petal serve: {banner(options)}", file=sys.stderr, flush=True)
     # Files only this server reads: the REST port's key pair, and what several workers share (a reload RPC's
@@ -204,34 +203,9 @@ def main(argv: list[str]) -> int:
         if protocols.grpc_socket_path:
             unix_socket.release(protocols.grpc_socket_path, runtime)
         shutil.rmtree(runtime, ignore_errors=True)
+        if claim is not None:
+            claim.close()
     return 0
-
-
-def taken_ports(protocols: ProtocolOptions) -> list[str]:
-    """What this server would listen on that something on the machine already listens on, said before anything
-    loads. gRPC binds with SO_REUSEPORT so that the workers share --port, which means a second server on the first's
-    --port would not fail: it would silently take half of the first's connections, serving its own models. gunicorn
-    would only retry the REST port for 5 s."""
-    ports = [("REST", "--rest_api_port", protocols.rest_api_port)]
-    ports += [("gRPC", "--port", protocols.port)] if protocols.port else []
-    return [f"the {name} port {bind_address(protocols.host, port)} is in use (another server listens there); "
-            f"give {flag} another port" for name, flag, port in ports if _listened_on(protocols.host, port)]
-
-
-def _listened_on(host: str, port: int) -> bool:
-    """Whether a bind without SO_REUSEPORT fails for want of the address (a listener holds it). Any other failure
-    (a host that does not resolve, a privileged port) is left for the server's own bind to report."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-    except OSError:
-        return False
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT holds nothing
-        try:
-            probe.bind(address)
-        except OSError as error:
-            return error.errno == errno.EADDRINUSE
-    return False
 
 
 def banner(options: ServerOptions) -> str:

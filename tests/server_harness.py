@@ -164,3 +164,9 @@ def run_batching_server(root, batching_config: str, *petal_serve_args: str) -> I
 def worker_pid(master: int) -> int:
     """The first gunicorn worker of a `petal serve` master."""
     return int(subprocess.check_output(["pgrep", "-P", str(master)]).split()[0])
+
+
+def children(pid: int) -> list[int]:
+    """A process's children now, with no wait: for a test that acts the moment a worker is forked."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]

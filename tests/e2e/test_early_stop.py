@@ -11,13 +11,8 @@ import signal
 import subprocess
 import time
 
-from server_harness import ROOT, tiny_model_base
+from server_harness import ROOT, children, tiny_model_base
 from serving import launcher
-
-
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(child) for child in f.read().split()]
 
 
 def test_a_sigterm_as_the_worker_is_forked_stops_the_server_at_once(tmp_path):

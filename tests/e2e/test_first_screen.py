@@ -5,6 +5,7 @@ predict` and `petal batch`, which import TensorFlow themselves, are as quiet."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -15,7 +16,9 @@ import urllib.request
 
 import pytest
 
-from server_harness import ROOT, TF_NATIVE_LOG, free_ports, jpeg, run_server, user_environment
+from server_harness import ROOT, TF_NATIVE_LOG, children, free_ports, jpeg, run_server, user_environment
+from serving import launcher, ports
+from serving.config import ProtocolOptions
 
 # Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice; oneDNN's only on
 # a CPU with AVX-512), and once its runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
@@ -137,3 +140,32 @@ def test_a_second_server_on_the_first_ones_ports_says_so_at_once_and_exits():
             assert (second.returncode, second.stderr.splitlines(), second.stdout) == (2, said, "")
         with urllib.request.urlopen(f"{first.rest_url}/readyz", timeout=10) as answer:
             assert answer.status == 200
+
+
+def test_a_second_server_on_the_port_of_one_still_loading_says_so_at_once_and_exits(tmp_path):
+    """A server's workers bind --port only once their models have loaded, so a listener check alone let a second
+    server, started meanwhile on that --port with another REST port, start too: both said they were ready and
+    shared the port's connections, each serving its own models (seen with two default servers started a second
+    apart). Here the first one's worker is stopped (SIGSTOP) as it is forked, long before it could bind."""
+    first = launcher.start(["--host=127.0.0.1"], str(tmp_path / "first.log"), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not children(first.proc.pid) and first.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        (worker,) = children(first.proc.pid)
+        os.kill(worker, signal.SIGSTOP)
+        (other,) = free_ports(1)
+        second = subprocess.run([sys.executable, "-m", "petal", "serve", "--host=127.0.0.1",
+                                 f"--rest_api_port={other}", f"--port={first.grpc_port}"], cwd=ROOT,
+                                env=user_environment(), capture_output=True, text=True, timeout=60)
+        os.kill(worker, signal.SIGCONT)
+        assert (second.returncode, second.stderr.splitlines(), second.stdout) == (2, [
+            f"petal serve: the gRPC port 127.0.0.1:{first.grpc_port} is taken by another petal serve that is still "
+            "loading its models; give --port another port"], "")
+        assert "is in use" not in first.log()
+    finally:
+        launcher.stop(first, timeout_s=30)
+    # the first one's claim went with it
+    claim, _ = ports.claim_grpc_port(ProtocolOptions(port=first.grpc_port))
+    assert claim is not None
+    claim.close()
