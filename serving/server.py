@@ -189,6 +189,7 @@ def main(argv: list[str]) -> int:
     # config, prometheus_client's per-process metrics, which worker serves --grpc_socket_path, which has started).
     # mkdtemp's folder is private (mode 0700).
     runtime = tempfile.mkdtemp(prefix="petal-serve-")
+    master = os.getpid()
     try:
         tls_files = write_key_pair(tls, runtime) if tls else None
         shared = runtime if options.process.workers > 1 else ""
@@ -198,7 +199,11 @@ def main(argv: list[str]) -> int:
             options.process, runtime_dir=runtime, reload_dir=shared, started_at=started))
         os.register_at_fork(after_in_child=_stop_signals_until_the_worker_takes_them)
         PetalApplication(options, tls_files).run()
-    finally:
+    except SystemExit as end:
+        if os.getpid() != master:
+            _end_worker(end.code)
+        raise
+    finally:  # the master's alone: a worker ended above
         worker_stderr.drain(STDERR_DRAIN_S)
         if protocols.grpc_socket_path:
             unix_socket.release(protocols.grpc_socket_path, runtime)
@@ -206,6 +211,20 @@ def main(argv: list[str]) -> int:
         if claim is not None:
             claim.close()
     return 0
+
+
+def _end_worker(code: object) -> None:
+    """A worker's end: gunicorn forks it inside `run()` and ends it with sys.exit, which came out of `run()` in the
+    worker too, so the worker ran the master's clean-up: it deleted the server's private folder (the TLS key pair,
+    the shared metrics) while the master and the other workers went on, and a new worker made it again readable by
+    all. Then the interpreter's finalization ended TensorFlow's threads still running, a model load stopped by
+    SIGTERM, say, and the process aborted (`terminate called after throwing an instance of ...`, SIGABRT). gunicorn's
+    own end of a worker (its worker_exit hook included) has run by now: the worker's logs are flushed and it exits
+    with gunicorn's code."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def banner(options: ServerOptions) -> str:
