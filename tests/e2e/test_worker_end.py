@@ -12,6 +12,8 @@ import ssl
 import time
 import urllib.request
 
+import pytest
+
 from server_harness import ROOT, children, copy_model, run_server
 from serving import launcher
 from tls_certs import make_pki
@@ -27,7 +29,7 @@ def wait_for(condition, timeout_s: float, what: str):
     return result
 
 
-def ready(url: str, context: ssl.SSLContext) -> bool:
+def ready(url: str, context: ssl.SSLContext | None) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/readyz", timeout=5, context=context) as answer:
             return answer.status == 200
@@ -35,18 +37,35 @@ def ready(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
-def test_a_tls_server_whose_worker_is_replaced_serves_again_from_the_new_worker(tmp_path):
+def request_count(url: str, context: ssl.SSLContext | None) -> float:
+    """TF Serving's request counter for the model status API, summed over the workers."""
+    with urllib.request.urlopen(f"{url}/monitoring/prometheus/metrics", timeout=10, context=context) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(":tensorflow:serving:request_count{") and 'entrypoint="REST"' in line)
+
+
+@pytest.mark.parametrize("flags", [["--ssl_config_file=SSL"], ["--workers=2"]], ids=["tls", "two-workers"])
+def test_a_server_whose_worker_is_replaced_serves_on_from_the_new_worker(flags, tmp_path):
+    """Before, the replacement of a TLS server never served, and one of two workers failed to boot (its metrics
+    folder gone), which stopped the server."""
     pki = make_pki(tmp_path / "pki")
     (tmp_path / "ssl").write_text(pki.ssl_config())
     copy_model(str(tmp_path / "flowers"), 1)
-    context = pki.client_context()
-    with run_server(f"--model_base_path={tmp_path / 'flowers'}", f"--ssl_config_file={tmp_path / 'ssl'}",
-                    tls_context=context) as server:
-        (old,) = children(server.proc.pid)
+    tls = flags == ["--ssl_config_file=SSL"]
+    context = pki.client_context() if tls else None
+    with run_server(f"--model_base_path={tmp_path / 'flowers'}", *(f.replace("SSL", str(tmp_path / "ssl"))
+                                                                   for f in flags), tls_context=context) as server:
+        for _ in range(5):
+            urllib.request.urlopen(f"{server.rest_url}/v1/models/flowers", timeout=10, context=context).close()
+        counted = request_count(server.rest_url, context)
+        old, *others = children(server.proc.pid)
         os.kill(old, signal.SIGTERM)  # its drain and exit, as gunicorn ends a worker it replaces
-        wait_for(lambda: children(server.proc.pid) not in ([], [old]), 60, "no new worker was forked")
+        wait_for(lambda: (now := children(server.proc.pid)) and old not in now and len(now) == 1 + len(others),
+                 60, "no new worker was forked:\n" + server.log())
         wait_for(lambda: ready(server.rest_url, context), 120, "the new worker never served:\n" + server.log())
         assert server.proc.poll() is None
+        assert request_count(server.rest_url, context) >= counted  # what the old worker counted still counts
         assert not [line for line in server.log().splitlines() if any(sign in line for sign in ABORT_SIGNS)]
 
 
