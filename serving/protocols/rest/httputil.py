@@ -45,8 +45,11 @@ def request_body(request: flask.Request, max_bytes: int, charge: Charge) -> byte
     """The raw body, inflated for Content-Encoding gzip or deflate (as curl and tritonclient send), never past
     max_bytes, so a compression bomb gets the same 413 as an oversized body; the inflated bytes are charged to the
     request's memory budget (`charge`). A gzip body may hold several members (RFC 1952 §2.2, as `cat a.gz b.gz`
-    makes); all are inflated, under the one limit."""
+    makes); all are inflated, under the one limit. A chunked body declares no length: werkzeug reads it up to
+    max_bytes and stops there, with no error, so a longer one came out cut short and was parsed or decoded."""
     data = request.get_data(cache=True)
+    if len(data) >= max_bytes and request.content_length is None and request.environ["wsgi.input"].read(1):
+        raise RequestEntityTooLarge()
     encoding = request.environ.get("HTTP_CONTENT_ENCODING", "").lower()
     if encoding not in _WBITS or not data:
         return data
