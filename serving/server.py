@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -25,6 +26,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gunicorn import glogging
+from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 
 from serving import metrics, ports, worker_stderr
@@ -79,6 +81,17 @@ def _worker_exit(server, gunicorn_worker) -> None:
     worker: Worker | None = getattr(gunicorn_worker.app, "serving_worker", None)
     if worker is not None:  # None: the worker failed before it started
         worker.exit()
+
+
+def _json_error_page(sock, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's answer to a request it cannot parse (a Content-Length that is not a number, headers past their
+    limit, a Transfer-Encoding it does not know) in Petal's form, `{"error": ...}`, as every other error on every
+    API is, rather than gunicorn's HTML page. gunicorn writes it through `gunicorn.util.write_error`, for which it
+    has no hook, so `main` puts this in its place before the workers are forked."""
+    body = json.dumps({"error": mesg or reason}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
 
 
 def _child_exit(server, worker) -> None:
@@ -198,6 +211,7 @@ def main(argv: list[str]) -> int:
         options = dataclasses.replace(options, process=dataclasses.replace(
             options.process, runtime_dir=runtime, reload_dir=shared, started_at=started))
         os.register_at_fork(after_in_child=_stop_signals_until_the_worker_takes_them)
+        gunicorn_util.write_error = _json_error_page
         PetalApplication(options, tls_files).run()
     except SystemExit as end:
         if os.getpid() != master:

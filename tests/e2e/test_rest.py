@@ -2,7 +2,9 @@
 import concurrent.futures
 import gzip
 import io
+import json
 import re
+import socket
 
 import numpy as np
 import pytest
@@ -180,6 +182,32 @@ def test_bad_input_gets_json_4xx(server, case):
     assert response.status_code == status, response.text
     assert response.headers["Content-Type"].startswith("application/json")
     assert fragment in response.json()["error"]
+
+
+UNPARSABLE = [  # what gunicorn's parser refuses before Flask sees the request
+    ("Content-Length not a number",
+     b"POST /v1/models/flowers:predict HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400, "CONTENT-LENGTH"),
+    ("unknown Transfer-Encoding", b"POST /v1/models/flowers:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
+     b"\r\n{}", 400, "TRANSFER-ENCODING"),
+    ("a header past the limit", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431,
+     "header"),
+]
+
+
+@pytest.mark.parametrize("case", UNPARSABLE, ids=[c[0] for c in UNPARSABLE])
+def test_a_request_the_parser_refuses_gets_json_too(server, case):
+    """These got gunicorn's HTML page."""
+    _, raw, status, fragment = case
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith(f"HTTP/1.1 {status} "), answer
+    assert "Content-Type: application/json" in lines, answer
+    assert fragment.lower() in json.loads(body)["error"].lower(), answer
 
 
 def test_bad_paths(server):
