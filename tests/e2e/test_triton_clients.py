@@ -255,11 +255,19 @@ def test_v2_grpc_needs_the_token_except_the_server_probes(v2_stub, server):
         "OK", "UNAUTHENTICATED"}
 
 
-def test_unimplemented_extensions_say_so(v2_stub):
-    error = call_error(v2_stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-    error = call_error(v2_stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest())
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+def test_unimplemented_extensions_say_so_and_log_nothing(server, v2_stub):
+    """grpc logged each such call's NotImplementedError with its traceback, at ERROR."""
+    for _ in range(2):
+        error = call_error(v2_stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
+        assert (error.code(), error.details()) == (grpc.StatusCode.UNIMPLEMENTED,
+                                                   "RepositoryIndex is not served by Petal")
+        error = call_error(v2_stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest())
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        stream = v2_stub.ModelStreamInfer(iter([service_pb2.ModelInferRequest(model_name="half")]))
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "NotImplementedError" not in server.log() and "Exception calling application" not in server.log()
 
 
 def test_grpc_calls_without_a_deadline_are_served(server, pki):

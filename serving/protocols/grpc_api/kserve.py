@@ -87,5 +87,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
+def _unserved(name: str) -> Any:
+    """A method of Triton's service that Petal does not have: UNIMPLEMENTED, as the generated servicer answers, but
+    without its NotImplementedError, which grpc logged with a traceback on every call, at ERROR, so that any client
+    could fill the server's log."""
+    def unserved(self: InferenceService, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not served by Petal")
+    return unserved
+
+
+for _name in dir(service_pb2_grpc.GRPCInferenceServiceServicer):
+    if not _name.startswith("_") and _name not in vars(InferenceService):
+        setattr(InferenceService, _name, _unserved(_name))
+
+
 def add_to_server(dataplane: DataPlane, server: grpc.Server, max_message_bytes: int) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane, max_message_bytes), server)
