@@ -30,6 +30,10 @@ from serving.core.errors import Code, ServingError, unavailable
 from serving.memory import BYTES_PER_PIXEL
 from serving.metrics import Metrics
 
+# :petal:serving:rejected_requests' reasons for a body refused: no room now (503), more than there ever is (413)
+MEMORY_BUDGET = "memory_budget"
+TOO_LARGE_FOR_MEMORY_BUDGET = "too_large_for_memory_budget"
+
 
 class MemoryBudget:
     """`limit` bytes per worker, of which `pixel_limit` decoded pixels are kept for TF calls (0 or less for either:
@@ -89,19 +93,28 @@ class MemoryBudget:
         if self.limit <= 0 or nbytes <= 0:
             return
         if self._pending:
-            raise unavailable("This worker's memory budget (--memory_budget_bytes) is measured once its models "
-                              "have loaded; retry shortly")
+            raise self._refused(MEMORY_BUDGET, unavailable(
+                "This worker's memory budget (--memory_budget_bytes) is measured once its models have loaded; "
+                "retry shortly"))
         if total > self.body_limit:
-            raise ServingError(Code.RESOURCE_EXHAUSTED,
-                               f"The request needs about {total} bytes of memory, more than this worker's memory "
-                               f"budget keeps for requests ({self.body_limit} of --memory_budget_bytes "
-                               f"{self.limit}); send it in smaller requests")
+            raise self._refused(TOO_LARGE_FOR_MEMORY_BUDGET, ServingError(
+                Code.RESOURCE_EXHAUSTED, f"The request needs about {total} bytes of memory, more than this worker's "
+                f"memory budget keeps for requests ({self.body_limit} of --memory_budget_bytes {self.limit}); send "
+                "it in smaller requests"))
         with self._lock:
             if self._bodies + nbytes > self.body_limit:
-                raise unavailable("This worker's memory budget (--memory_budget_bytes) is taken by the requests "
-                                  "in flight; retry shortly")
+                raise self._refused(MEMORY_BUDGET, unavailable(
+                    "This worker's memory budget (--memory_budget_bytes) is taken by the requests in flight; retry "
+                    "shortly"))
             self._bodies += nbytes
             self._export_bodies()
+
+    def _refused(self, reason: str, error: ServingError) -> ServingError:
+        """A body refused is counted in :petal:serving:rejected_requests by `reason`, with no model: it is refused
+        before it is read, so before the request names one."""
+        if self._metrics is not None:
+            self._metrics.rejected.inc(model_name="", reason=reason)
+        return error
 
     def _give_body(self, nbytes: int) -> None:
         if self.limit <= 0 or nbytes <= 0:

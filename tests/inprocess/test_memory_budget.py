@@ -67,6 +67,25 @@ def test_pixels_wait_in_their_own_share_which_bodies_never_take():
     assert off.acquire(10 ** 12) and off.hold(10 ** 12).nbytes == 10 ** 12 and off.held == 0
 
 
+def test_each_body_refused_is_counted_by_reason():
+    """They were counted nowhere: the 503s and 413s of a full budget were in no metric."""
+    metrics = Metrics()
+    budget = MemoryBudget(1000, 100, metrics)
+    hold = budget.hold(500)
+    for nbytes in (200, 200, 601):
+        with pytest.raises(ServingError):
+            budget.hold(nbytes)
+    with pytest.raises(ServingError):
+        hold.grow(101)  # to 601 in all: more than there ever is
+    assert {reason: metrics.rejected.value(model_name="", reason=reason)
+            for reason in ("memory_budget", "too_large_for_memory_budget")} == {
+        "memory_budget": 2, "too_large_for_memory_budget": 2}
+    pending = MemoryBudget(1000, 100, metrics, pending=True)
+    with pytest.raises(ServingError):
+        pending.hold(1)
+    assert metrics.rejected.value(model_name="", reason="memory_budget") == 3
+
+
 def test_what_is_held_is_exported_by_kind_as_it_changes():
     metrics = Metrics()
     budget = MemoryBudget(1000, 100, metrics)
