@@ -5,17 +5,20 @@
         for p in client.predict([open("rose.jpg", "rb").read()], top_k=3):
             print(p.label, p.score, p.top_k)
 
-REST goes through KServe V2 `infer` with Triton's binary encoding and the classification extension (raw JPEG
-bytes, no base64, the labels come back with the scores); gRPC goes through TF Serving's `Classify`. Both
-answer with the server's labels, so the client needs no label file. For a server started with --auth_token_file
-pass `token` (sent as `Authorization: Bearer`); with --ssl_config_file pass `ca_file` (or `tls=True` to trust the
-system's CAs), and `cert_file`/`key_file` when it asks for client certificates. Transient failures (HTTP 503, gRPC
-UNAVAILABLE, a refused connection while a server restarts) are retried with exponential backoff and full
-jitter; the caller's mistakes (4xx, or a gRPC code whose HTTP status is one: serving/status_codes.py) raise
-RequestError at once. Importing this module imports neither TensorFlow nor grpc; a gRPC client loads them.
+Both transports go through TF Serving's Classify, REST's `:classify` (each JPEG as `{"b64"}`) and gRPC's
+`Classify`, so both answer alike, with the server's labels (the client needs no label file) and full float32
+scores. (REST went through KServe V2 `infer` with Triton's classification extension until 2026-12-03: raw bytes,
+but Triton's "score:index:label" strings carry six decimals, so its scores differed from gRPC's.) For a server
+started with --auth_token_file pass `token` (sent as `Authorization: Bearer`); with --ssl_config_file pass
+`ca_file` (or `tls=True` to trust the system's CAs), and `cert_file`/`key_file` when it asks for client
+certificates. Transient failures (HTTP 503, gRPC UNAVAILABLE, a refused connection while a server restarts) are
+retried with exponential backoff and full jitter; the caller's mistakes (4xx, or a gRPC code whose HTTP status is
+one: serving/status_codes.py) raise RequestError at once. Importing this module imports neither TensorFlow nor
+grpc; a gRPC client loads them.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -27,7 +30,6 @@ from typing import Any, TypeVar
 import requests
 
 from serving.client.security import MAX_MESSAGE_BYTES, TOKEN_ENV, Security
-from serving.protocols.codec.v2_bytes import frame
 from serving.status_codes import Code
 
 __all__ = ["MAX_MESSAGE_BYTES", "TOKEN_ENV", "Client", "PetalError", "Prediction", "RequestError", "Security",
@@ -114,8 +116,8 @@ class Client:
             self.session.headers.update(security.header())
             self.tls_arguments = security.requests_arguments()
             base = server if "://" in server else f"{'https' if security.uses_tls else 'http'}://{server}"
-            path = f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
-            self.infer_url = f"{base}{path}/infer"
+            path = f"/v1/models/{model}" + (f"/versions/{version}" if version is not None else "")
+            self.classify_url = f"{base}{path}:classify"
 
     def __enter__(self) -> Client:
         return self
@@ -174,39 +176,26 @@ class Client:
                 for row in response.result.classifications]
 
     def _rest_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
-        raw = frame(data)
-        header = json.dumps({
-            "inputs": [{"name": "image_bytes", "shape": [len(data)], "datatype": "BYTES",
-                        "parameters": {"binary_data_size": len(raw)}}],
-            "outputs": [{"name": "probabilities", "parameters": {"classification": top_k}}]}).encode()
+        body = json.dumps({"examples": [{"image_bytes": {"b64": base64.b64encode(image).decode()}}
+                                        for image in data]})
         try:
             response = self.session.post(
-                self.infer_url, data=header + raw, timeout=max(deadline - time.monotonic(), 0.001),
-                headers={"Inference-Header-Content-Length": str(len(header)),
-                         "Content-Type": "application/octet-stream"}, **self.tls_arguments)
+                self.classify_url, data=body, timeout=max(deadline - time.monotonic(), 0.001),
+                headers={"Content-Type": "application/json"}, **self.tls_arguments)
         except requests.Timeout as exc:
-            raise ServerError("DEADLINE_EXCEEDED", f"no answer from {self.infer_url} in time: {exc}") from None
+            raise ServerError("DEADLINE_EXCEEDED", f"no answer from {self.classify_url} in time: {exc}") from None
         except requests.exceptions.SSLError as exc:  # a certificate problem does not go away on a retry
-            raise ServerError("UNAVAILABLE", f"TLS with {self.infer_url} failed: {exc}") from None
+            raise ServerError("UNAVAILABLE", f"TLS with {self.classify_url} failed: {exc}") from None
         except requests.ConnectionError as exc:
-            raise Retry(ServerError("UNAVAILABLE", f"cannot connect to {self.infer_url}: {exc}")) from None
+            raise Retry(ServerError("UNAVAILABLE", f"cannot connect to {self.classify_url}: {exc}")) from None
         if response.status_code != 200:
             try:
                 message = response.json()["error"]
             except (ValueError, KeyError, TypeError):
                 message = response.text[:500]
             raise failure(response.status_code, f"HTTP {response.status_code}", message)
-        outputs = response.json()["outputs"]
-        rows = outputs[0]["data"]
-        per_image = len(rows) // len(data)
-        predictions = []
-        for i in range(len(data)):
-            pairs = []
-            for entry in rows[i * per_image:(i + 1) * per_image]:
-                score, index, *label = entry.split(":", 2)
-                pairs.append((label[0] if label else index, float(score)))
-            predictions.append(from_pairs(pairs, top_k))
-        return predictions
+        return [from_pairs([(label, float(score)) for label, score in row], top_k)
+                for row in response.json()["results"]]
 
 
 def predict(images: Sequence[Image], server: str = "localhost:8501", *, model: str = "flowers",
