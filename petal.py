@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that insta
 WITHOUT_KERAS = {"serve", "predict", "batch"}
 # Commands whose module imports TensorFlow here (`petal serve` imports it in its workers only): it is imported first,
 # without its C++ start-up lines (serving/tensorflow_logs.py).
-IMPORT_TENSORFLOW = {"predict", "batch"}
+IMPORT_TENSORFLOW = {"predict", "batch", "tfrecords", "train", "export"}
 # Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
 EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
 
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     module_name, extra, _ = COMMANDS[argv[0]]
     if argv[0] in WITHOUT_KERAS:
         sys.modules.setdefault("keras", None)  # type: ignore[arg-type]  # None blocks the import
+    root = logging.getLogger()
+    if not verbose:  # libraries that warn as they are imported: Beam, of the Google Cloud clients it lacks
+        root.setLevel(logging.ERROR)
     try:
         if argv[0] in IMPORT_TENSORFLOW:
             from serving.tensorflow_logs import import_tensorflow
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"petal {argv[0]} needs {error.name}, which a plain install leaves out: "
               f"pip install 'petal[{extra or 'test'}]'", file=sys.stderr)
         return 2
+    finally:
+        root.setLevel(logging.INFO if verbose else logging.WARNING)
     return int(module.main(argv[1:]) or 0)
 
 

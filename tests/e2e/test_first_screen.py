@@ -106,11 +106,14 @@ def test_verbose_brings_tensorflows_lines_back():
     assert any(line.startswith("ready: flowers v1 on ") for line in screen)
 
 
-@pytest.mark.parametrize("command", [["predict", "IMAGE"], ["batch", "--help"],
+@pytest.mark.parametrize("command", [["predict", "IMAGE"], ["batch", "--help"], ["tfrecords", "--help"],
+                                     ["train", "--help"], ["export", "--help"],
                                      ["batch", "--model_dir", "exported_models/flowers", "--input", "IMAGE",
                                       "--output_dir", "OUT"]])
-def test_predict_and_batch_import_tensorflow_quietly(command, tmp_path):
-    """A whole Beam job too: Beam 2.77's RunInference warned, on every model load, that it could not measure memory."""
+def test_commands_that_import_tensorflow_do_so_quietly(command, tmp_path):
+    """A whole Beam job too: Beam 2.77's RunInference warned, on every model load, that it could not measure memory.
+    The training commands printed TensorFlow's C++ start-up lines twice, and `tfrecords` Beam's warning about Google
+    Cloud clients, even for --help."""
     image = tmp_path / "flower.jpg"
     image.write_bytes(jpeg())
     paths = {"IMAGE": str(image), "OUT": str(tmp_path / "out")}
