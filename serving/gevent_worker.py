@@ -74,13 +74,14 @@ class DeadlineSocket:
     gunicorn writes the header block and the body separately. Each send releases the GIL, and getting it back on a
     busy worker means waiting for a batch thread's Python, so one write instead of two is a wait fewer per request
     (and one packet instead of two)."""
-    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held")
+    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held", "request")
     _deadline: float | None  # None: the connection's first byte has not arrived
 
     def __init__(self, sock, header_s: float, body_s: float):
         self._sock = sock
         self._header_s, self._body_s = header_s, body_s
         self._hold, self._held = False, b""
+        self.request: Any = None  # gunicorn's request being answered on this connection, if one is
         self.idle()
 
     def __getattr__(self, name: str):
@@ -90,10 +91,14 @@ class DeadlineSocket:
         """Between requests only gunicorn's keepalive applies; the header clock starts at the next first byte."""
         self._phase, self._deadline = "headers", None
 
-    def close_if_idle(self) -> None:
-        """End a keep-alive connection that waits for a next request none of which has arrived: gunicorn's handler
-        then sees the end of input and finishes, instead of holding the worker's drain for --graceful_timeout."""
-        if self._deadline is None and self._phase == "headers":
+    def close_when_idle(self) -> None:
+        """End a keep-alive connection once it has no request: at once if it waits for a next one none of which has
+        arrived (gunicorn's handler then sees the end of input and finishes, instead of holding the worker's drain
+        for --graceful_timeout); after its answer, which says `Connection: close`, if one is being answered (the
+        answer said keep-alive, and the connection stayed open for gunicorn's keep-alive timeout)."""
+        if self.request is not None:
+            self.request.must_close = True
+        elif self._deadline is None and self._phase == "headers":
             try:
                 self._sock.shutdown(gsocket.SHUT_RDWR)
             except OSError:
@@ -215,7 +220,7 @@ class PetalGeventWorker(GeventWorker):
         """Part of the worker's drain (serving/worker.py `Worker.drain`): keep-alive connections waiting for a next
         request close now; those with a request in flight close once it is answered."""
         for sock in list(self._clients):
-            sock.close_if_idle()
+            sock.close_when_idle()
 
     def refuse(self, client) -> None:
         """503 in plain HTTP; a TLS client is only closed, since answering it would first cost a handshake, the
@@ -242,6 +247,7 @@ class PetalGeventWorker(GeventWorker):
 
     def handle_request(self, listener_name, req, sock, addr):
         sock.start_body()
+        sock.request = req
         try:
             super().handle_request(listener_name, req, sock, addr)  # gevent's returns nothing
             sock.flush()
@@ -252,4 +258,5 @@ class PetalGeventWorker(GeventWorker):
             sock.discard()
             raise
         finally:
+            sock.request = None
             sock.idle()

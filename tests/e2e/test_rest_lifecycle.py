@@ -153,32 +153,31 @@ def test_broken_version_is_reported_and_service_continues(lifecycle):
 
 
 def test_sigterm_finishes_requests_in_flight(tmp_path):
+    """Requests in flight finish, each answered with `Connection: close` (they said keep-alive, and their
+    connections stayed open for gunicorn's keep-alive timeout); a keep-alive connection idle between requests does
+    not hold the drain until the 20 s --graceful_timeout (it is closed at once, as gunicorn's own keep-alive timeout
+    would later)."""
     with lifecycle_server(tmp_path) as server:
         wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
-        check_sigterm_finishes_requests_in_flight(server)
+        results = []
 
-
-def check_sigterm_finishes_requests_in_flight(server) -> None:
-    """Requests in flight finish; a keep-alive connection idle between requests does not hold the drain until the
-    20 s --graceful_timeout (it is closed at once, as gunicorn's own keep-alive timeout would later)."""
-    results = []
-
-    def send():
-        try:
-            results.append(classify(server.rest_url).status_code)
-        except requests.RequestException as error:
-            results.append(repr(error))
-    idle = requests.Session()
-    assert idle.get(server.rest_url + "/healthz", timeout=10).status_code == 200  # then kept open, idle
-    threads = [threading.Thread(target=send) for _ in range(6)]
-    for t in threads:
-        t.start()
-    time.sleep(0.15)  # all six are now waiting in the 300 ms batch window
-    started = time.monotonic()
-    server.proc.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join()
-    assert results == [200] * 6
-    assert server.proc.wait(30) == 0
-    assert time.monotonic() - started < 10, "an idle keep-alive connection held the drain"
-    idle.close()
+        def send():
+            try:
+                response = classify(server.rest_url)
+                results.append((response.status_code, response.headers.get("Connection")))
+            except requests.RequestException as error:
+                results.append(repr(error))
+        idle = requests.Session()
+        assert idle.get(server.rest_url + "/healthz", timeout=10).status_code == 200  # then kept open, idle
+        threads = [threading.Thread(target=send) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.15)  # all six are now waiting in the 300 ms batch window
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join()
+        assert results == [(200, "close")] * 6
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - started < 10, "an idle keep-alive connection held the drain"
+        idle.close()
