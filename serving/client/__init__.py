@@ -22,6 +22,7 @@ import base64
 import json
 import os
 import random
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,8 +195,15 @@ class Client:
             except (ValueError, KeyError, TypeError):
                 message = response.text[:500]
             raise failure(response.status_code, f"HTTP {response.status_code}", message)
-        return [from_pairs([(label, float(score)) for label, score in row], top_k)
+        return [from_pairs([(label, as_float32(score)) for label, score in row], top_k)
                 for row in response.json()["results"]]
+
+
+def as_float32(score: float) -> float:
+    """A score as gRPC's float32 gives it: TF Serving's JSON writes a float32 in the fewest digits that read back
+    as it (0.9999999), which Python reads as the double nearest that decimal, not as the float32's own value
+    (0.9999998807907104)."""
+    return struct.unpack("f", struct.pack("f", score))[0]
 
 
 def predict(images: Sequence[Image], server: str = "localhost:8501", *, model: str = "flowers",
