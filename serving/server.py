@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_HEARTBEAT_TIMEOUT_S = 120
 STDERR_DRAIN_S = 5.0  # how long the master waits, once its workers are gone, for their last lines to be written
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 REFUSAL_HEADROOM = 64  # connections past --max_connections that the gevent worker accepts only to refuse
 
 
@@ -54,13 +55,26 @@ def _post_worker_init(gunicorn_worker) -> None:
     signal.signal(signal.SIGTERM, worker.on_sigterm)
 
 
+def _hold_stop_signals() -> None:
+    """Before a fork: a stop signal waits (blocked, in the master and, with the mask, in its child) until the child
+    has handlers of its own, so none reaches the child's copy of the master's."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def _release_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def _stop_signals_until_the_worker_takes_them() -> None:
     """In a process the master just forked: a stop signal ends it at once, until gunicorn's worker installs its own
     handlers. Until then the worker holds the master's, which queue the signal in the master's memory (the
     worker's copy of it), so a SIGTERM passed on in those moments was lost: the worker went on to load its models
-    and serve until --graceful_timeout ran out and the master killed it."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+    and serve until --graceful_timeout ran out and the master killed it. Signals held since before the fork
+    (`_hold_stop_signals`) arrive now, at these handlers: one that came between the fork and this call was lost
+    too, as a test that stops a worker the moment it is forked found."""
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _exit_before_serving)
+    _release_stop_signals()
 
 
 def _exit_before_serving(signum: int, frame: object) -> None:
@@ -210,7 +224,8 @@ def main(argv: list[str]) -> int:
             metrics.prepare_multiprocess(os.path.join(runtime, "metrics"))
         options = dataclasses.replace(options, process=dataclasses.replace(
             options.process, runtime_dir=runtime, reload_dir=shared, started_at=started))
-        os.register_at_fork(after_in_child=_stop_signals_until_the_worker_takes_them)
+        os.register_at_fork(before=_hold_stop_signals, after_in_parent=_release_stop_signals,
+                            after_in_child=_stop_signals_until_the_worker_takes_them)
         gunicorn_util.write_error = _json_error_page
         PetalApplication(options, tls_files).run()
     except SystemExit as end:

@@ -167,8 +167,11 @@ def test_a_second_server_on_the_port_of_one_still_loading_says_so_at_once_and_ex
             "loading its models; give --port another port"], "")
         assert "is in use" not in first.log()
     finally:
-        launcher.stop(first, timeout_s=30)
-    # the first one's claim went with it
+        launcher.stop(first, timeout_s=60)
+    # the claim went with the server, which on a busy machine may end with its worker still loading, after the master
+    deadline = time.monotonic() + 120
+    while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
     claim, _ = ports.claim_grpc_port(ProtocolOptions(port=first.grpc_port))
     assert claim is not None
     claim.close()
