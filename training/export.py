@@ -142,6 +142,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup_images", default=None,
                         help="glob of a few image files for the warmup requests (default: generated JPEGs)")
     args = parser.parse_args(argv)
+    if args.version is not None and args.version <= 0:
+        parser.error(f"--version must be a positive integer (TF Serving's <model_name>/<version>/), got {args.version}")
     try:
         warmup = None
         if args.warmup_images:
@@ -152,7 +154,7 @@ def main(argv: list[str]) -> int:
         model, config = restore_for_export(args.checkpoint_dir)
         path = export_saved_model(model, os.path.join(args.export_dir, args.model_name), list(config.labels),
                                   config.image_size, version=args.version, warmup_images=warmup)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (OSError, ValueError) as e:  # a missing checkpoint, a version that exists, a path under a file
         print(f"petal export: {e}", file=sys.stderr)
         return 1
     print(path)

@@ -31,8 +31,12 @@ def resolve_strategy(tpu: str | None = None, use_tpu: bool = False, tpu_zone: st
     if tpu or use_tpu:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local", zone=tpu_zone,
                                                                       project=project)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        try:
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except tf.errors.OpError as error:  # --use_tpu on a machine without one: no TPU kernels, no TPU device
+            raise ValueError(f"no TPU to train on at {tpu or 'this VM (--use_tpu)'}: "
+                             f"{error.message.splitlines()[0]}") from None
         strategy: tf.distribute.Strategy = tf.distribute.TPUStrategy(resolver)
     elif _tf_config_workers() > 1:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()

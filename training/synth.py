@@ -22,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -393,6 +394,9 @@ def main(argv: list[str]) -> int:
                            args.max_size, args.workers)
     except ValueError as e:
         parser.error(str(e))
+    except OSError as e:  # an --output_dir under a file, say
+        print(f"petal synth: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {dataset.num_train} train + {dataset.num_eval} eval images to {dataset.output_dir} "
           f"({dataset.train_csv}, {dataset.eval_csv}, {dataset.labels_file})")
     return 0

@@ -22,7 +22,7 @@ import tensorflow as tf
 from exported_models.model_format import DEFAULT_MODEL_NAME, LABELS_FILE, read_labels
 from training.export import MAX_WARMUP_IMAGES, export_saved_model
 from training.input import input_fn
-from training.models import DEFAULT_MODEL, MODEL_NAMES, ModelConfig
+from training.models import CONFIG_FILE, DEFAULT_MODEL, MODEL_NAMES, ModelConfig
 from training.preprocessing import FEATURES
 from training.strategy import MIXED_PRECISION, is_chief, per_replica_batch_size, resolve_strategy, set_mixed_precision
 
@@ -227,9 +227,25 @@ def export(trainer: Trainer) -> str | None:
     return path
 
 
+def check_same_model(config: TrainConfig) -> None:
+    """A run resumes only as the model it began as. A rerun with another --model, --image_size, --batch_norm or
+    labels failed on the checkpoint's shapes, after it had written its own model_config.json over the run's, so
+    that `petal export` could no longer read the checkpoints that were there."""
+    if not tf.io.gfile.exists(os.path.join(config.output_dir, CONFIG_FILE)):
+        return
+    saved = ModelConfig.load(config.output_dir)
+    if saved != config.model_config:
+        differ = [f"{name} {getattr(saved, name)!r} (now {getattr(config.model_config, name)!r})"
+                  for name in ("name", "image_size", "batch_norm", "labels")
+                  if getattr(saved, name) != getattr(config.model_config, name)]
+        raise ValueError(f"{config.output_dir} holds a run of another model: {', '.join(differ)}; rerun it with "
+                         "the flags it began with, or give another --output_dir")
+
+
 def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy) -> dict | None:
     """Run (or resume) training to exactly config.train_steps; returns the last eval results."""
     tf.io.gfile.makedirs(config.output_dir)
+    check_same_model(config)
     trainer = Trainer(config, strategy)
     if trainer.chief:
         config.model_config.save(config.output_dir)
@@ -295,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _what_failed(message: str) -> str:
+    """A TF error's own words, without what a graph's error puts around them: a heading ("Graph execution error:",
+    "Detected at node ...:"), the Python stack where the node was defined and the node's tags, all indented."""
+    said = [line for line in message.splitlines() if line and not line[0].isspace() and not line.endswith(":")]
+    return said[-1] if said else message
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     for flag in ("train_steps", "train_batch_size", "steps_per_eval", "steps_per_execution", "image_size"):
@@ -321,4 +344,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as e:
         print(f"petal train: {e}", file=sys.stderr)
         return 2
+    except tf.errors.OpError as e:  # a damaged TFRecord file mid-run, an --output_dir under a file
+        print(f"petal train: {_what_failed(e.message)}", file=sys.stderr)
+        return 1
     return 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from server_harness import user_environment
 from training_data import NUM_EVAL, PETAL, SIZE, eval_results, train_args
 
 
@@ -61,6 +62,39 @@ def test_rerunning_a_finished_run_changes_nothing(trained, tiny_data):
     assert "at step 12" in result.stdout and "step 12/12" not in result.stdout
     assert eval_results(output_dir) == before
     assert os.listdir(os.path.join(output_dir, "export", "flowers")) == ["12"]
+
+
+def fails(args) -> tuple[int, list[str]]:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, env=user_environment())
+    return result.returncode, result.stderr.splitlines()
+
+
+def test_a_rerun_as_another_model_says_so_and_leaves_the_run_as_it_was(trained, tiny_data):
+    """It failed on the checkpoint's shapes after 28 warning lines, having written its model_config.json over the
+    run's, so that `petal export` could no longer read the run's checkpoints."""
+    output_dir, _ = trained
+    config = (output_dir / "model_config.json").read_bytes()
+    code, lines = fails(train_args(tiny_data, output_dir, "--train_steps", "12", "--model", "cnn"))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"petal train: {output_dir} holds a run of another model: name 'compact' (now 'cnn')")
+    assert (output_dir / "model_config.json").read_bytes() == config
+
+
+def test_a_damaged_shard_a_missing_tpu_and_an_output_under_a_file_are_one_line_each(tiny_data, tmp_path):
+    """Each was a traceback of 14 to 41 lines."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for path in glob.glob(os.path.join(tiny_data, "*")):
+        data = open(path, "rb").read()
+        (damaged / os.path.basename(path)).write_bytes(data[:len(data) // 2] if "train-" in path else data)
+    code, lines = fails(train_args(str(damaged), tmp_path / "run", "--train_steps", "4"))
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("petal train: ") and "truncated" in lines[0], lines
+    code, lines = fails(train_args(tiny_data, tmp_path / "tpu", "--use_tpu"))
+    assert code == 2 and lines == [lines[0]] and "no TPU to train on at this VM (--use_tpu)" in lines[0], lines
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    code, lines = fails(train_args(tiny_data, a_file / "run"))
+    assert code == 1 and len(lines) == 1 and "not a directory" in lines[0], lines
 
 
 def test_petal_export_from_the_checkpoint_dir(trained, tmp_path):
