@@ -17,6 +17,9 @@ from serving.batch_prediction import preflight, steps
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
+# The flags only the Spark job takes (spark_job.build_parser): given to the Beam job, they are refused rather than
+# passed to Beam as pipeline options, which it discards with a warning.
+SPARK_ONLY_FLAGS = ("--spark_master", "--rows_per_partition", "--spark_event_log_dir", "--spark_conf")
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:

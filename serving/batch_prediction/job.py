@@ -31,7 +31,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, PortableOption
 
 from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
-from serving.batch_prediction.cli import add_job_flags, check_job_flags, quiet, run_and_report
+from serving.batch_prediction.cli import SPARK_ONLY_FLAGS, add_job_flags, check_job_flags, quiet, run_and_report
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
 from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="petal batch", description=__doc__.split("\n\n")[0],
         epilog="Unknown flags are Beam pipeline options, e.g. --runner DataflowRunner --project P --region R "
-               "--temp_location gs://B/tmp, or --direct_running_mode multi_processing --direct_num_workers 2.")
+               "--temp_location gs://B/tmp, or --direct_running_mode multi_processing --direct_num_workers 2. "
+               "Spark's own flags: petal batch --engine=spark --help.")
     add_job_flags(parser)
     return parser
 
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
+    spark_only = [flag for flag in (a.split("=", 1)[0] for a in beam_args) if flag in SPARK_ONLY_FLAGS]
+    if spark_only:
+        parser.error(f"{', '.join(spark_only)}: the Spark job's, not Beam's; add --engine=spark")
     check_job_flags(parser, args)
     if quiet() and not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args.append(f"--default_sdk_harness_log_level={QUIET_WORKER_LOG_LEVEL}")

@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import posixpath
+import re
 import shutil
 import socket
 import sys
@@ -56,6 +57,9 @@ PROGRESS_SECONDS = 10.0
 # On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
 LOCAL_CONF: dict[str, Any] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 MASTER_CONNECT_SECONDS = 5.0
+# The master URLs SparkContext takes: its local forms, a standalone or Kubernetes master, YARN
+MASTER_URL = re.compile(r"local(\[(\d+|\*)(\s*,\s*\d+)?\]|-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\])?"
+                        r"|yarn|(spark|k8s)://.+")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +87,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--rows_per_partition must be at least 1")
     if any("=" not in setting for setting in args.spark_conf):
         parser.error("--spark_conf takes KEY=VALUE")
+    if args.spark_master is not None and not MASTER_URL.fullmatch(args.spark_master):
+        # Spark says so only in a Java stack trace, after a JVM has started
+        parser.error(f"--spark_master {args.spark_master!r} is not a Spark master URL: local, local[N], local[*], "
+                     "spark://HOST:PORT, yarn or k8s://...")
     preflight.resolve_paths(args, ("spark_event_log_dir",))
     return args
 

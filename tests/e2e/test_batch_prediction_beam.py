@@ -31,7 +31,8 @@ from batch_jobs import (
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from server_harness import ROOT, TF_NATIVE_LOG, b64, run_server, user_environment
 from serving.batch_prediction import job as batch_job
-from serving.batch_prediction import preflight
+from serving.batch_prediction import preflight, spark_job
+from serving.batch_prediction.cli import SPARK_ONLY_FLAGS
 from training import synth
 from training.export import export_saved_model
 from training.models import build_model
@@ -208,6 +209,16 @@ def test_cli_rejects_bad_flags(model_dir, capsys):
     with pytest.raises(SystemExit):
         batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o", "--batch_size", "0"])
     assert "--batch_size must be at least 1" in capsys.readouterr().err
+    for flag in SPARK_ONLY_FLAGS:  # Beam took them as pipeline options, discarded them with a warning, and ran
+        with pytest.raises(SystemExit):
+            batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o", f"{flag}=1"])
+        assert f"{flag}: the Spark job's, not Beam's; add --engine=spark" in capsys.readouterr().err
+
+
+def test_the_spark_only_flags_are_the_spark_jobs_own():
+    spark_flags = {option for action in spark_job.build_parser()._actions for option in action.option_strings}
+    beam_flags = {option for action in batch_job.build_parser()._actions for option in action.option_strings}
+    assert set(SPARK_ONLY_FLAGS) == spark_flags - beam_flags
 
 
 def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line(model_dir, inputs, tmp_path, capfd):

@@ -370,6 +370,13 @@ def test_bad_flags_and_a_used_output_dir_stop_before_spark_starts(model_dir, ima
     with pytest.raises(SystemExit):
         spark_job.parse_args(spark_args(model_dir, "x", "o", "--rows_per_partition", "0"))
     assert "--rows_per_partition must be at least 1" in capsys.readouterr().err
+    for master in ("bogus", "local[x]", "spark://"):  # Spark said so in a Java stack trace, after starting a JVM
+        with pytest.raises(SystemExit):
+            spark_job.parse_args(spark_args(model_dir, "x", "o", "--spark_master", master))
+        assert f"--spark_master {master!r} is not a Spark master URL" in capsys.readouterr().err
+    for master in ("local", "local[2]", "local[*]", "local[4,2]", "spark://127.0.0.1:7077,localhost:7077", "yarn",
+                   "k8s://https://127.0.0.1:6443"):
+        assert spark_job.parse_args(spark_args(model_dir, "x", "o", "--spark_master", master)).spark_master == master
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "prediction.results-00000-of-00001").write_text("{}\n")
     assert spark_job.main(spark_args(model_dir, next(iter(images)), str(tmp_path / "used"))) == 2
