@@ -8,13 +8,17 @@ never loads); that costs every worker about a second and tens of MB at start. A 
 package before anything else of Petal (it unpickles Petal's functions), so this is the one place that reaches them
 all; `petal batch` itself blocks Keras for the whole driver (petal.py). The block lasts only for TensorFlow's own
 import (a module set to None in sys.modules makes an import fail, which TensorFlow expects of an absent Keras), so
-code that does want Keras later still gets it (docs/batch.md, 'Lean workers').
+code that does want Keras later still gets it (docs/batch.md, 'Lean workers'). TensorFlow comes without the C++
+start-up lines that TF_CPP_MIN_LOG_LEVEL asks to hide, as on the driver: a Spark executor's Python worker printed
+them to the job's terminal, twice.
 """
 import sys
+
+from serving.tensorflow_logs import import_tensorflow
 
 if "tensorflow" not in sys.modules and "keras" not in sys.modules:
     sys.modules["keras"] = None  # type: ignore[assignment]
     try:
-        import tensorflow  # noqa: F401
+        import_tensorflow()
     finally:
         del sys.modules["keras"]

@@ -39,7 +39,7 @@ from batch_jobs import (
     write_jsonl_input,
     write_tfrecord_input,
 )
-from server_harness import ROOT, free_ports, tiny_model_base
+from server_harness import ROOT, TF_NATIVE_LOG, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
 from serving.batch_prediction import preflight, spark_job
 from training import synth
@@ -357,6 +357,9 @@ def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path
         "--spark_conf", "spark.eventLog.compress=false")],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # the executor's TensorFlow start-up lines, twice, until it imported TensorFlow as the driver does
+    assert not [line for line in done.stderr.splitlines() if TF_NATIVE_LOG.match(line)
+                or "All log messages before absl::InitializeLog()" in line], done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["engine"], summary["rows_in"], summary["complete"]) == ("spark", len(keys), True)
     results, errors = read_output(output)
