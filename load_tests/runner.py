@@ -327,6 +327,8 @@ def main(argv: list[str]) -> int:
         levels = [n for n in levels if n >= active]
     if args.images and not args.images.is_dir():
         parser.error(f"--images {args.images}: not a folder")
+    if not args.host.startswith(("http://", "https://")):  # Locust ran, and every REST request failed
+        parser.error(f"--host {args.host}: the REST base URL, with its scheme (http://{args.host})")
     report_dir: Path = args.report_dir.resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
     images = args.images.resolve() if args.images else make_corpus(report_dir / "corpus", args.image_sizes)

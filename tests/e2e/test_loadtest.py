@@ -29,6 +29,13 @@ def test_fewer_users_than_endpoints_is_a_usage_error(tmp_path):
     assert "--users 2 is fewer than the 4 endpoints with traffic" in result.stderr
 
 
+def test_a_host_without_its_scheme_is_a_usage_error(tmp_path):
+    """Locust ran, every REST request failed, and the total row said its SLO was met."""
+    result = petal_loadtest("--host", "127.0.0.1:8501", "--report_dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "--host 127.0.0.1:8501: the REST base URL, with its scheme (http://127.0.0.1:8501)" in result.stderr
+
+
 def test_missing_image_folder_is_a_usage_error(tmp_path):
     result = petal_loadtest("--images", str(tmp_path / "nope"), "--report_dir", str(tmp_path))
     assert result.returncode == 2

@@ -71,6 +71,7 @@ def test_shipped_slo_file_parses_and_covers_every_endpoint():
     assert set(slo.endpoints) == set(ENDPOINTS)
     assert all(weight > 0 for weight in slo.weights.values())
     assert all(limits.p95_ms is not None for limits in slo.endpoints.values())
+    assert slo.total.max_failure_ratio is not None  # a total of mostly failures is not a met SLO
 
 
 def test_defaults_are_inherited_and_overridable():
