@@ -22,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -317,8 +318,8 @@ def plan(num_images: int, seed: int, eval_fraction: float = 0.2) -> list[Item]:
     """Which images make up the dataset: classes round-robin (balanced to within one image), per-image seeds
     from the dataset seed, and an eval split of round(num_images * eval_fraction) images spread evenly over the
     classes, so train and eval are balanced too."""
-    if num_images < 0:
-        raise ValueError("num_images must be >= 0")
+    if num_images < 1:
+        raise ValueError("--num_images must be at least 1")
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError("eval_fraction must be in [0, 1)")
     seeds = np.random.SeedSequence(seed).generate_state(max(num_images, 1), dtype=np.uint32)
@@ -357,6 +358,16 @@ def _report_progress(done: Iterator[None], total: int) -> None:
                                                           "images_per_s": round(count / max(now - started, 1e-9), 1)}})
 
 
+def _remove_earlier_images(output_dir: str, planned: set[str]) -> None:
+    """An earlier, larger run's images that this one does not write: the CSVs would not list them, but the folder
+    form of `petal tfrecords` would read them. Only this module's own names (<class>/<class>_<NNNNNN>.jpg) go."""
+    for name in CLASSES:
+        for entry in os.listdir(os.path.join(output_dir, name)):
+            path = f"{name}/{entry}"
+            if re.fullmatch(rf"{name}_\d{{6}}\.jpg", entry) and path not in planned:
+                os.remove(os.path.join(output_dir, path))
+
+
 def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float = 0.2, min_size: int = 200,
              max_size: int = 640, workers: int = 1) -> Dataset:
     """Write the dataset (see the module docstring for the layout); rerunning with the same flags rewrites the
@@ -366,6 +377,7 @@ def generate(output_dir: str, num_images: int, seed: int, eval_fraction: float =
     items = plan(num_images, seed, eval_fraction)
     for name in CLASSES:
         os.makedirs(os.path.join(output_dir, name), exist_ok=True)
+    _remove_earlier_images(output_dir, {item.path for item in items})
     jobs = [(output_dir, item, min_size, max_size) for item in items]
     if workers > 1:
         # Spawned, not forked: a caller may already run TensorFlow threads, and forking those can deadlock.

@@ -87,6 +87,19 @@ def test_generate_is_deterministic_for_a_seed(dataset, tmp_path):
     assert _tree(other.output_dir) != _tree(dataset.output_dir)
 
 
+def test_a_smaller_rerun_leaves_only_its_own_images(tmp_path):
+    """The larger run's images stayed in the class folders, where the folder form of `petal tfrecords` reads."""
+    folder = str(tmp_path / "set")
+    synth.generate(folder, num_images=12, seed=1, min_size=32, max_size=40)
+    (tmp_path / "set" / "roses" / "mine.jpg").write_bytes(b"a user's file")
+    smaller = synth.generate(folder, num_images=6, seed=1, min_size=32, max_size=40)
+    images = sorted(p for p in _tree(folder) if p.endswith(".jpg"))
+    listed = sorted(path for path, _ in _rows(smaller.train_csv) + _rows(smaller.eval_csv))
+    assert images == sorted([*listed, "roses/mine.jpg"])
+    with pytest.raises(ValueError, match="at least 1"):
+        synth.generate(folder, num_images=0, seed=1)
+
+
 def test_petal_synth_command(tmp_path):
     out = tmp_path / "cli"
     run = subprocess.run([sys.executable, "-m", "petal", "synth", "--output_dir", str(out), "--num_images", "10",
