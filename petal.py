@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in WITHOUT_KERAS:
         sys.modules.setdefault("keras", None)  # type: ignore[arg-type]  # None blocks the import
     root = logging.getLogger()
+    level = root.level
     if not verbose:  # libraries that warn as they are imported: Beam, of the Google Cloud clients it lacks
         root.setLevel(logging.ERROR)
     try:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
               f"pip install 'petal[{extra or 'test'}]'", file=sys.stderr)
         return 2
     finally:
-        root.setLevel(logging.INFO if verbose else logging.WARNING)
+        root.setLevel(level)
     return int(module.main(argv[1:]) or 0)
 
 

@@ -8,6 +8,7 @@ restores the latest complete checkpoint and ends at exactly --train_steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -235,9 +236,9 @@ def check_same_model(config: TrainConfig) -> None:
         return
     saved = ModelConfig.load(config.output_dir)
     if saved != config.model_config:
-        differ = [f"{name} {getattr(saved, name)!r} (now {getattr(config.model_config, name)!r})"
-                  for name in ("name", "image_size", "batch_norm", "labels")
-                  if getattr(saved, name) != getattr(config.model_config, name)]
+        differ = [f"{f.name} {getattr(saved, f.name)!r} (now {getattr(config.model_config, f.name)!r})"
+                  for f in dataclasses.fields(ModelConfig)
+                  if getattr(saved, f.name) != getattr(config.model_config, f.name)]
         raise ValueError(f"{config.output_dir} holds a run of another model: {', '.join(differ)}; rerun it with "
                          "the flags it began with, or give another --output_dir")
 
