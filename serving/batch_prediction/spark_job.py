@@ -55,6 +55,7 @@ progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal
 
 PROGRESS_SECONDS = 10.0
 # On local[N], every listener stays on loopback: a laptop's job must not open ports to the network.
+QUIET_LOG4J2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_log4j2.properties")
 LOCAL_CONF: dict[str, Any] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 MASTER_CONNECT_SECONDS = 5.0
 # The master URLs SparkContext takes: its local forms, a standalone or Kubernetes master, YARN
@@ -183,6 +184,8 @@ def start_session(args: argparse.Namespace) -> SparkSession:
         tf.io.gfile.makedirs(args.spark_event_log_dir)
         builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir",
                                                                           args.spark_event_log_dir)
+    if quiet():  # read as the driver's JVM starts, so before any of its lines
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J2}")
     for setting in args.spark_conf:
         builder = builder.config(*setting.split("=", 1))
     spark = builder.getOrCreate()

@@ -13,6 +13,7 @@ import base64
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -360,6 +361,9 @@ def test_local_1_runs_from_the_cli_with_an_event_log(model_dir, images, tmp_path
     # the executor's TensorFlow start-up lines, twice, until it imported TensorFlow as the driver does
     assert not [line for line in done.stderr.splitlines() if TF_NATIVE_LOG.match(line)
                 or "All log messages before absl::InitializeLog()" in line], done.stderr
+    # the driver JVM's own start-up lines under Spark's default log4j profile (its name, "Setting default log level
+    # to WARN", warnings about the host name and native Hadoop libraries)
+    assert not re.search(r"log4j|Setting default log level| WARN ", done.stderr), done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["engine"], summary["rows_in"], summary["complete"]) == ("spark", len(keys), True)
     results, errors = read_output(output)
