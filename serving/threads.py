@@ -126,5 +126,17 @@ def run_off_loop(fn: Callable[..., T], *args: object) -> T:
     """Call `fn` on an OS thread: the caller's own, unless the caller is the event loop, which must keep serving
     connections meanwhile (then a pool thread runs it and only the calling greenlet waits)."""
     if on_event_loop():
-        return _loop["pool"].spawn(fn, *args).get()
+        raised, value = _loop["pool"].spawn(_outcome, fn, args).get()
+        if raised:
+            raise value
+        return value
     return fn(*args)
+
+
+def _outcome(fn: Callable[..., T], args: tuple) -> tuple[bool, Any]:
+    """What `fn` returned or raised, for the greenlet to raise again: gevent's pool would itself log the traceback
+    of a call that raised, and for a client's bad input (a 400) that is 18 lines of the server's log per request."""
+    try:
+        return False, fn(*args)
+    except Exception as error:
+        return True, error

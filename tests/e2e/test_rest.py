@@ -12,7 +12,7 @@ import requests
 import tensorflow as tf
 from PIL import Image
 
-from server_harness import LABELS, b64, copy_model, jpeg, run_batching_server, run_server
+from server_harness import LABELS, access_lines, b64, copy_model, jpeg, run_batching_server, run_server
 
 MAX_REQUEST_BYTES = 1_000_000
 MAX_IMAGE_PIXELS = 1_000_000
@@ -191,6 +191,11 @@ UNPARSABLE = [  # what gunicorn's parser refuses before Flask sees the request
      b"\r\n{}", 400, "TRANSFER-ENCODING"),
     ("a header past the limit", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431,
      "header"),
+    # gunicorn parses a chunked body as the view reads it: these were a 500 and a traceback in the log
+    ("a chunk size not in hex", b"POST /v1/models/flowers:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+     b"chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400, "Malformed request body: Invalid chunk size"),
+    ("a chunk without its terminator", b"POST /v2/models/flowers/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+     b"chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", 400, "Malformed request body: Invalid chunk terminator"),
 ]
 
 
@@ -267,7 +272,9 @@ class Slow(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.float32, name="seconds")])
     def unbatched(self, seconds):
-        with tf.control_dependencies([self._wait(seconds)]):
+        # a check of the model's own, failing inside TensorFlow's call as many models refuse a client's input
+        refused = tf.debugging.assert_non_negative(seconds, message="seconds must not be negative")
+        with tf.control_dependencies([refused, self._wait(seconds)]):
             return {"waited": tf.identity(seconds)}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="seconds")])
@@ -289,6 +296,16 @@ def slow_server(request, tmp_path_factory):
     with run_server(f"--model_base_path={base}", "--model_name=slow", "--port=0",
                     f"--enable_batching={request.param}", f"--rest_api_timeout_in_ms={DEADLINE_MS}") as s:
         yield s
+
+
+def test_a_call_the_model_refuses_is_a_400_without_a_traceback_in_the_log(slow_server):
+    """A signature without a batch dimension runs unbatched, on the event loop's pool of OS threads, whose gevent
+    pool logged the traceback of every call that raised: 18 lines in the server's log per bad request."""
+    answered = len(access_lines(slow_server, lambda lines: True))
+    refused = post(slow_server, "/v1/models/slow:predict", json={"inputs": -1.0})
+    assert refused.status_code == 400 and "seconds must not be negative" in refused.json()["error"], refused.text
+    access_lines(slow_server, lambda lines: len(lines) > answered)  # the worker's stderr before it is in the log
+    assert "Traceback" not in slow_server.log(), slow_server.log()[-3000:]
 
 
 @pytest.mark.parametrize("signature, quick, slow", [("serving_default", 0.0, 3.0), ("batched", [0.0], [3.0])])
