@@ -9,7 +9,7 @@ integers, and a request is refused with INVALID_ARGUMENT, before any array exist
 - its dtype is one Petal serves and its shape has a known rank and no negative dimension;
 - all its tensors together decode to at most `limit` bytes (--grpc_max_message_bytes: nothing decodes to more
   than the largest message a client may send), a string element counting its reference and its bytes object's
-  header;
+  header, and a string filled from one value that value's bytes once per element;
 - `tensor_content` holds exactly count x itemsize bytes, or the dtype's value field holds exactly count values,
   or one value that TensorFlow's fill rule repeats over the shape, for at most FILL_LIMIT elements (TensorFlow
   also fills from fewer values, and from none, which is how the bombs above allocate without sending anything).
@@ -86,6 +86,11 @@ class Plan:
 
     @property
     def nbytes(self) -> int:
+        """What the tensor takes once TensorFlow holds it: a string tensor holds a copy of every element's bytes,
+        so one string_val filled over the shape costs its length for each element (a 300 KB value filled over
+        [4096] is 1.2 GB), while the message carried it once."""
+        if self.kind.name == "DT_STRING" and self.content is None and len(self.values) == 1:
+            return self.count * (self.kind.element_bytes + len(self.values[0]))
         return self.count * self.kind.element_bytes
 
 
