@@ -2,9 +2,10 @@
 
 The pixel limit reads only the image header, so a decompression bomb, a few KB of JPEG that claims 50k x 50k
 pixels, is refused before TensorFlow would allocate gigabytes to decode it. JPEGs, nearly every request, have
-their frame header found by walking the marker segments (about 2 us, under the GIL on every request); Pillow
-reads the other formats' headers (about 20 us), only for bytes whose magic number is one of the formats TensorFlow
-decodes, so strings that are no image (serialized tf.Examples, text) count 0 pixels at the cost of a prefix check.
+their frame header found by walking the marker segments (about 2 us, under the GIL on every request), and JPEG XL
+(which Pillow does not read) its SizeHeader; Pillow reads the other formats' headers (about 20 us), only for bytes
+whose magic number is one of the formats TensorFlow decodes, so strings that are no image (serialized tf.Examples,
+text) count 0 pixels at the cost of a prefix check.
 """
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ def jpeg_pixels(data: bytes) -> int | None:
     """Width x height from a JPEG's frame header, which precedes the first scan; None if there is none."""
     at, end = 2, len(data)
     while at + 4 <= end:
-        if data[at] != 0xFF:
-            return None
+        if data[at] != 0xFF:  # libjpeg skips stray bytes before a marker ("N extraneous bytes"), and decodes on
+            at = data.find(b"\xff", at)
+            if at < 0:
+                return None
+            continue
         marker = data[at + 1]
         if marker == 0xFF:  # fill byte before a marker
             at += 1
@@ -46,6 +50,49 @@ def jpeg_pixels(data: bytes) -> int | None:
     return None
 
 
+# JPEG XL's width-to-height ratios by SizeHeader code (ISO/IEC 18181-1), 1 to 7.
+_JXL_RATIOS = ((1, 1), (12, 10), (4, 3), (3, 2), (16, 9), (5, 4), (2, 1))
+_JXL_CONTAINER = b"\x00\x00\x00\x0cJXL \r\n\x87\n"
+
+
+def jxl_pixels(data: bytes) -> int | None:
+    """Width x height from a JPEG XL codestream's SizeHeader, bare or in the ISO box container (its `jxlc` box,
+    or its first `jxlp` part); None if there is none. Pillow reads no JPEG XL, and TensorFlow decodes it."""
+    if data.startswith(_JXL_CONTAINER):
+        at = len(_JXL_CONTAINER)
+        while at + 8 <= len(data):
+            size, kind = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8]
+            head = 8
+            if size == 1:  # a 64-bit size follows the type
+                size, head = int.from_bytes(data[at + 8:at + 16], "big"), 16
+            if kind in (b"jxlc", b"jxlp"):
+                return jxl_pixels(data[at + head + (4 if kind == b"jxlp" else 0):at + head + 64])
+            if size < head:  # 0: the box runs to the end of the file, and it is no codestream
+                return None
+            at += size
+        return None
+    if not data.startswith(b"\xff\x0a") or len(data) < 11:
+        return None
+    bits = int.from_bytes(data[2:11], "little")  # the SizeHeader is at most 2 x 32 + 4 bits, read LSB first
+    at = 0
+
+    def take(n: int) -> int:
+        nonlocal at
+        value = (bits >> at) & ((1 << n) - 1)
+        at += n
+        return value
+
+    def dimension(small: bool) -> int:
+        return (take(5) + 1) * 8 if small else take((9, 13, 18, 30)[take(2)]) + 1
+    small = bool(take(1))
+    height = dimension(small)
+    ratio = take(3)
+    if ratio == 0:
+        return dimension(small) * height
+    numerator, denominator = _JXL_RATIOS[ratio - 1]
+    return height * numerator // denominator * height
+
+
 def image_format(data: bytes) -> str | None:
     """The Pillow format of bytes that start like an image tf.io.decode_image decodes, by their magic number;
     None for anything else (a serialized tf.Example, text), which costs no parsing at all."""
@@ -60,6 +107,8 @@ def header_pixels(data: bytes) -> int | None:
     decides)."""
     if data[:2] == b"\xff\xd8":
         return jpeg_pixels(data)
+    if data[:2] == b"\xff\x0a" or data.startswith(_JXL_CONTAINER):
+        return jxl_pixels(data)
     kind = image_format(data)
     if kind is None:
         return None

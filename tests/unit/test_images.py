@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import io
+import math
+import pathlib
 import struct
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
 from serving.core.errors import ServingError
 from serving.core.images import check_pixels, header_pixels, jpeg_pixels
+
+# JPEG XL files made by libjxl's cjxl (`cjxl -d 0 -e 1 W x H.png`, one with --container=1) from flat PNGs: sizes
+# that take each of the SizeHeader's forms (multiples of 8, each width-to-height ratio code, a 30-bit dimension).
+JXL_FILES = sorted((pathlib.Path(__file__).parent.parent / "data" / "jxl").glob("*.jxl"))
 
 
 def encode(mode: str, size: tuple[int, int], fmt: str = "JPEG", **options) -> bytes:
@@ -46,6 +53,25 @@ def test_a_claimed_size_is_read_without_decoding():
 def test_fill_bytes_before_a_marker_are_skipped():
     data = encode("RGB", (64, 48))
     assert jpeg_pixels(data[:2] + b"\xff\xff\xff" + data[2:]) == 64 * 48
+
+
+def test_stray_bytes_before_a_marker_are_skipped_as_libjpeg_skips_them():
+    """libjpeg decodes such a file ("Corrupt JPEG data: 2 extraneous bytes before marker 0xc0"): a size read as
+    none let a 144-megapixel JPEG past --max_image_pixels and count 0 against the pixel budget."""
+    data = encode("RGB", (64, 48))
+    frame = data.index(b"\xff\xc0")
+    damaged = data[:frame] + b"\x00\x00" + data[frame:]
+    assert jpeg_pixels(damaged) == 64 * 48
+    assert tf.io.decode_jpeg(damaged).shape == (48, 64, 3)
+
+
+@pytest.mark.parametrize("path", JXL_FILES, ids=[p.name for p in JXL_FILES])
+def test_a_jpeg_xl_size_is_the_one_tensorflow_decodes(path):
+    """TensorFlow's decode_image decodes JPEG XL, which Pillow does not read: unread, a 12000 x 12000 JPEG XL of
+    84 KB passed --max_image_pixels."""
+    data = path.read_bytes()
+    height, width = tf.io.decode_image(data).shape[:2]
+    assert header_pixels(data) == width * height == math.prod(map(int, path.name.split(".")[0].split("x")))
 
 
 @pytest.mark.parametrize("data", [
