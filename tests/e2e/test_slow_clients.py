@@ -163,6 +163,18 @@ def test_a_large_photo_at_a_normal_speed_is_not_cut_off(server):
     assert b'"predictions"' in response
 
 
+def test_a_body_that_stops_arriving_gets_408(server):
+    """werkzeug's body stream turns any OSError into a 400 ("The browser (or proxy) sent a request that this server
+    could not understand"), the body deadline's error too."""
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/flowers:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inst")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'{"error":"The request body did not arrive in time"}' in answer, \
+        answer
+
+
 def test_past_max_connections_a_new_connection_gets_503(server):
     idle = [socket.create_connection(address(server), timeout=5) for _ in range(MAX_CONNECTIONS)]
     try:

@@ -16,7 +16,8 @@ from typing import Any
 import flask
 from flask.sessions import NullSession, SessionInterface, SessionMixin
 from flask_cors import CORS
-from werkzeug.exceptions import HTTPException
+from gunicorn.http.errors import ParseException
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from serving.config import ProtocolOptions, SecurityOptions
 from serving.core import Code, DataPlane, ServingError
@@ -161,11 +162,18 @@ def create_app(dataplane: DataPlane, protocols: ProtocolOptions | None = None,
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> flask.Response:
+        if isinstance(error, ClientDisconnected) and isinstance(error.__context__, HTTPException):
+            error = error.__context__  # what a body read raised, as werkzeug's stream turns any OSError into a 400
         if error.code in (404, 405) and flask.request.path.startswith("/v1/"):
             return serving_error(tfserving.malformed())
         if error.code == 404:
             return error_response(404, f"Not found: {flask.request.method} {flask.request.path}")
         return error_response(error.code or 500, error.description or error.name)
+
+    @app.errorhandler(ParseException)
+    def malformed_body(error: ParseException) -> flask.Response:
+        """gunicorn reads a chunked body as the view asks for it, so a chunk it cannot parse is raised there."""
+        return error_response(400, f"Malformed request body: {error}")
 
     @app.errorhandler(Exception)
     def internal_error(error: Exception) -> flask.Response:
