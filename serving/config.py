@@ -46,7 +46,15 @@ class BatchingOptions:
 
     @classmethod
     def from_proto(cls, proto) -> BatchingOptions:
-        """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults."""
+        """From a `session_bundle_config_pb2.BatchingParameters`; unset fields keep Petal's defaults.
+
+        `max_batch_size` here is the largest batch Petal runs, and the size it splits a larger request into
+        (serving/core/batching.py). With `enable_large_batch_splitting` TF Serving's `max_batch_size` is instead the
+        largest request it takes, and `max_execution_batch_size` (default: `max_batch_size`) the largest batch it
+        runs, so that is the one kept, under TF Serving's rules for the two; Petal does not refuse a larger request
+        (it splits any request larger than a batch), which `large_batch_splitting_note` says at start. Without
+        `enable_large_batch_splitting`, `max_execution_batch_size` is ignored, as in TF Serving. `thread_pool_name`
+        names nothing in Petal (its batch threads are its own) and is ignored too."""
         values = {}
         for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
             if proto.HasField(name):
@@ -54,6 +62,18 @@ class BatchingOptions:
         values["pad_variable_length_inputs"] = proto.pad_variable_length_inputs
         if proto.allowed_batch_sizes:
             values["allowed_batch_sizes"] = tuple(proto.allowed_batch_sizes)
+        if large_batch_splitting(proto):
+            largest_input = values.get("max_batch_size", cls.max_batch_size)
+            execution = proto.max_execution_batch_size.value if proto.HasField("max_execution_batch_size") \
+                else largest_input
+            if not 1 <= execution <= largest_input:
+                raise ValueError("with enable_large_batch_splitting, max_execution_batch_size must be positive and "
+                                 f"at most max_batch_size; got {execution} and max_batch_size {largest_input}")
+            sizes = values.get("allowed_batch_sizes")
+            if sizes and sizes[-1] != execution:
+                raise ValueError("Last entry in allowed_batch_sizes must be equal to max_execution_batch_size; "
+                                 f"last entry was {sizes[-1]}; expected {execution}")
+            values["max_batch_size"] = execution
         return cls(**values)
 
     def padded_size(self, rows: int) -> int:
@@ -61,6 +81,24 @@ class BatchingOptions:
             if size >= rows:
                 return size
         return rows
+
+
+def large_batch_splitting(proto) -> bool:
+    """Whether a BatchingParameters turns on TF Serving's `enable_large_batch_splitting` (a BoolValue)."""
+    return proto.HasField("enable_large_batch_splitting") and proto.enable_large_batch_splitting.value
+
+
+def large_batch_splitting_note(proto) -> str:
+    """What Petal does differently with a BatchingParameters' `enable_large_batch_splitting`, for the warning at
+    start; empty without it."""
+    if not large_batch_splitting(proto):
+        return ""
+    options = BatchingOptions.from_proto(proto)
+    limit = proto.max_batch_size.value if proto.HasField("max_batch_size") else options.max_batch_size
+    return (f"enable_large_batch_splitting: batches run at most max_execution_batch_size ({options.max_batch_size}) "
+            f"rows and a larger request is split across batches, as in TF Serving; but max_batch_size ({limit}), "
+            "TF Serving's limit on a request's rows, is not enforced: Petal splits a larger request too rather "
+            "than refuse it with INVALID_ARGUMENT")
 
 
 @dataclass(frozen=True)

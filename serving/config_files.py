@@ -6,6 +6,7 @@ is read again, by the worker watching it (serving/worker.py), through the same `
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import ssl
@@ -16,8 +17,17 @@ from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config import DEFAULT_METRICS_PATH, BatchingOptions, TLSOptions, Token, token_digest
+from serving.config import (
+    DEFAULT_METRICS_PATH,
+    BatchingOptions,
+    TLSOptions,
+    Token,
+    large_batch_splitting_note,
+    token_digest,
+)
 from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
+
+logger = logging.getLogger(__name__)
 
 ROLES = ("predict", "admin")  # a token line without a role may predict; `admin` may also control models
 MIN_TOKEN_CHARS = 16
@@ -53,11 +63,18 @@ def read_model_config(path: str, model_root: str = "") -> model_server_config_pb
 def check_model_config(config: model_server_config_pb2.ModelServerConfig, model_root: str = "") -> None:
     """The rules every model config meets wherever it comes from (the flags, --model_config_file at start and
     each time it is re-read, the reload RPC): a model_config_list of TensorFlow models, each with a name and a base
-    path, and with --model_root every base path resolved (symlinks followed) inside it, so that no config points
-    the server at the rest of the disk. ValueError names the first rule broken."""
+    path, each name listed once (TF Serving's ValidateModelConfigList, model_servers/server_core.cc, in its words),
+    and with --model_root every base path resolved (symlinks followed) inside it, so that no config points the
+    server at the rest of the disk. A relative base path is taken relative to the working directory, where TF
+    Serving refuses it (docs/protocols.md, 'Differences from TF Serving'). ValueError names the first rule
+    broken."""
     if config.WhichOneof("config") != "model_config_list":
         raise ValueError("only model_config_list is supported")
+    names: set[str] = set()
     for model in config.model_config_list.config:
+        if model.name in names:
+            raise ValueError(f"Illegal to list model {model.name} multiple times in config list")
+        names.add(model.name)
         if not model.name or not model.base_path:
             raise ValueError("every config needs a name and a base_path")
         if model.model_platform not in ("", "tensorflow"):
@@ -134,7 +151,18 @@ def read_token_file(path: str) -> tuple[Token, ...]:
 
 
 def read_batching_parameters(path: str) -> BatchingOptions:
-    return BatchingOptions.from_proto(_read_text_proto(path, BatchingParameters()))
+    """A text-format BatchingParameters (`BatchingOptions.from_proto`); what Petal does differently with
+    `enable_large_batch_splitting` is warned about once, here, at start."""
+    proto = _read_text_proto(path, BatchingParameters())
+    try:
+        options = BatchingOptions.from_proto(proto)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    note = large_batch_splitting_note(proto)
+    if note:
+        logger.warning("batching parameters: max_batch_size is not enforced with enable_large_batch_splitting",
+                       extra={"fields": {"path": path, "detail": note}})
+    return options
 
 
 def read_metrics_path(path: str) -> str | None:

@@ -40,7 +40,9 @@ def _declare() -> tuple[type, type, type]:
         _field("thread_pool_name", 5, _F.TYPE_MESSAGE, ".google.protobuf.StringValue"),
         _field("allowed_batch_sizes", 6, _F.TYPE_INT64, repeated=True),
         _field("pad_variable_length_inputs", 7, _F.TYPE_BOOL),
-    ])
+        _field("enable_large_batch_splitting", 8, _F.TYPE_MESSAGE, ".google.protobuf.BoolValue"),
+        _field("max_execution_batch_size", 9, *int64),
+    ])  # every field of tensorflow_serving/servables/tensorflow/session_bundle_config.proto's, 1 to 9
     file.message_type.add(name="PrometheusConfig", field=[
         _field("enable", 1, _F.TYPE_BOOL), _field("path", 2, _F.TYPE_STRING)])
     file.message_type.add(name="MonitoringConfig", field=[

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,21 @@ class Loaded(Protocol):
 S = TypeVar("S", bound=Loaded)
 # The loader: (model name, version, folder) -> the version loaded and warmed up, ready to serve; raises otherwise.
 Load = Callable[[str, int, str], S]
+
+
+def load_failure(error: Exception) -> tuple[str, str]:
+    """A failed load's status, as (code name, message). TF Serving keeps the loader's status as it is
+    (core/loader_harness.cc `ErrorInternal`) and GetModelStatus reports it, so a TensorFlow error keeps its own code
+    and message: a corrupt variables.index is DATA_LOSS, a missing saved_model.pb NOT_FOUND. Anything else is
+    Petal's, UNKNOWN, said as "Failed to load: ..."."""
+    tf = sys.modules.get("tensorflow")  # not imported: the error cannot be one of TensorFlow's (a fake loader's)
+    if tf is not None and isinstance(error, tf.errors.OpError):
+        from serving.core.loaders import status_error  # TensorFlow is imported already
+
+        status = status_error(error)
+        return status.code.name, status.message
+    message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
+    return "UNKNOWN", f"Failed to load: {message}"
 
 
 @dataclass
@@ -228,11 +244,11 @@ class Repository(Generic[S]):
         try:
             servable = self._load_version(name, version, path)
         except Exception as error:
-            message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
+            code, message = load_failure(error)
             logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
-                                                                     "error": message}})
+                                                                     "code": code, "error": message}})
             with self._lock:
-                entry.status = VersionStatus(version, VersionState.END, "UNKNOWN", f"Failed to load: {message}")
+                entry.status = VersionStatus(version, VersionState.END, code, message)
             return
         elapsed = time.monotonic() - started
         self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)

@@ -171,7 +171,7 @@ ROUTING_ERRORS = [
     ("unknown verb, any case", "POST", "/V1/MODELS/flowers:EXPLODE", GOOD, 400,
      "Malformed request: POST /v1/models/flowers:explode$"),
     ("verb with a digit", "POST", "/v1/models/flowers:predict2", GOOD, 400, "Malformed request"),
-    ("no model name", "GET", "/v1/models", {}, 400, "Malformed request: GET /v1/models$"),
+    ("no model name", "GET", "/v1/models", {}, 400, "Missing model name in request.$"),  # http_rest_api_handler.cc
     ("version and label", "GET", "/v1/models/flowers/versions/1/labels/stable", {}, 400, "Malformed request"),
     ("unknown subresource", "GET", "/v1/models/flowers/versions/1/signatures", {}, 400, "Malformed request"),
     ("unknown model status", "GET", "/v1/models/nope", {}, 404, "Could not find any versions of model nope$"),

@@ -11,6 +11,7 @@ and its tensors are read for the signature once it is.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 
@@ -60,8 +61,27 @@ def _top_k(default: int) -> int:
     return top_k
 
 
+# A GET that TF Serving's status path (kModelStatusApiRegex, model_servers/http_rest_api_util.cc) matches with the
+# model name left out: `/v1/models`, `/v1/models/versions/3`, `/v1/models/labels/stable/metadata`.
+_NAMELESS_GET = re.compile(r"/v1/models(?:/versions/[0-9]+|/labels/[^/:]+)?(?:/metadata)?")
+INT64_MAX = 2**63 - 1
+
+
 def malformed() -> ServingError:
+    """TF Serving's 400 for a /v1 path that names no operation; "Missing model name in request." for a status or
+    metadata GET without a name (model_servers/http_rest_api_handler.cc)."""
+    if flask.request.method == "GET" and _NAMELESS_GET.fullmatch(flask.request.path):
+        return invalid("Missing model name in request.")
     return invalid(f"Malformed request: {flask.request.method} {flask.request.path}")
+
+
+def path_version(text: str | None) -> int | None:
+    """The version a /v1 path names: TF Serving reads it as an int64 (absl::SimpleAtoi), so a larger number is its
+    400 "Failed to convert version" rather than a version not found."""
+    version = parse_version(text)
+    if version is not None and version > INT64_MAX:
+        raise invalid(f"Failed to convert version: {text} to numeric.")
+    return version
 
 
 def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Blueprint:
@@ -72,11 +92,11 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
                   "label": "/<segment:name>/labels/<segment:label>"}
 
     def status(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        statuses = dataplane.status(name, parse_version(version), label)
+        statuses = dataplane.status(name, path_version(version), label)
         return json_response(strict_json.encode(tfserving_json.status_response(statuses)))
 
     def metadata(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        resolved, signatures = dataplane.signatures(name, parse_version(version), label)
+        resolved, signatures = dataplane.signatures(name, path_version(version), label)
         return json_response(strict_json.encode(tfserving_json.metadata_response(name, resolved, signatures)))
 
     def body() -> tuple[bytes, strict_json.Charge]:
@@ -127,7 +147,7 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
         "predict": predict, "classify": classify, "regress": regress, "classify_image": classify_image}
 
     def run_verb(name: str, verb: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        return verbs[verb](name, parse_version(version), label, time.monotonic() + timeout)
+        return verbs[verb](name, path_version(version), label, time.monotonic() + timeout)
 
     verb_rule = f":<any({', '.join(verbs)}):verb>"
     for kind, rule in spec_rules.items():
