@@ -1,11 +1,15 @@
-"""The gRPC port's gate: `Gate`, a server interceptor through which every call but the probes passes, holding its
-message in the worker's memory budget, asking serving/protocols/auth.py about its token and writing the access log.
+"""The gRPC port's gate: `Gate`, a server interceptor through which every call but the probes passes, asking
+serving/protocols/auth.py about its token before anything of its message is read, holding its message in the
+worker's memory budget, ending a call whose message does not arrive in time, and writing the access log.
 """
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -16,10 +20,14 @@ from serving.memory import BODY_BYTES_FACTOR
 from serving.protocols import access_log, auth
 from serving.protocols.grpc_api.common import GRPC_STATUS, deadline_of
 
+log = logging.getLogger(__name__)
+
 OPEN_SERVICE = "/grpc.health.v1.Health/"  # probes need no token
 OPEN_METHODS = frozenset({"/inference.GRPCInferenceService/ServerLive",  # nor do V2's, as over REST
                           "/inference.GRPCInferenceService/ServerReady"})
 CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfigRequest"})  # need admin
+# A call whose message is late ends as one past its deadline does (REST answers 408 Request Timeout).
+LATE = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class Received:
@@ -37,49 +45,175 @@ class Received:
 
 class Lease:
     """What a call holds while its message is received: a receive slot and a reservation of the budget for the
-    largest message. Given back once, by whichever comes first: the deserializer, as the message is complete, or
-    grpcio dropping a call whose message never came (a call cancelled before it sent one)."""
-    __slots__ = ("slot", "reservation")
+    largest message. Given back once, by whichever comes first: the deserializer, as the message is complete; the
+    `Watchdog`, as the message is late (`late`); the thread that served the call, as it ends; or grpcio dropping a
+    call whose message never came (a call cancelled before it sent one)."""
+    __slots__ = ("slot", "reservation", "held", "deadline", "end", "late", "watchdog")
 
     def __init__(self, slot: threading.BoundedSemaphore, reservation: Any):
-        self.slot: threading.BoundedSemaphore | None = slot
-        self.reservation = reservation
+        self.slot, self.reservation = slot, reservation
+        self.held = [True]  # popped by whoever gives the lease back: list.pop is atomic, so that happens once
+        self.deadline = math.inf  # while watched: when its message is late, and `end` ends the call
+        self.end: Callable[[], Any] | None = None
+        self.late = False
+        self.watchdog: Watchdog | None = None
 
-    def release(self) -> None:
-        reservation, slot, self.reservation, self.slot = self.reservation, self.slot, None, None
-        if reservation is not None:
-            reservation.release()
-        if slot is not None:
-            slot.release()
+    def release(self) -> bool:
+        """Give the slot and the reservation back unless that is done; True if this call did it."""
+        if not self.held:
+            return False
+        try:
+            self.held.pop()
+        except IndexError:  # another thread gave it back in between
+            return False
+        self.end = None
+        if self.watchdog is not None:
+            self.watchdog.leases.pop(self, None)
+        if self.reservation is not None:
+            self.reservation.release()
+        self.slot.release()
+        return True
 
-    __del__ = release
+    def __del__(self) -> None:
+        self.release()
+
+
+class Watchdog:
+    """One thread that gives back the leases of calls whose message is late and ends those calls: past a watched
+    lease's deadline the lease goes back (its slot passes at once to a call waiting for one) and its `end` ends
+    the call. The thread sleeps until the earliest deadline, or while nothing is watched, until something is; it
+    starts with the first lease watched."""
+
+    def __init__(self) -> None:
+        self.leases: dict[Lease, None] = {}  # the leases watched; one given back leaves at once
+        self.wakeup = threading.Condition(threading.Lock())
+        self.wake_at = math.inf
+        self.thread: threading.Thread | None = None
+
+    def watch(self, lease: Lease, deadline: float, end: Callable[[], Any] | None) -> None:
+        lease.deadline, lease.end, lease.watchdog = deadline, end, self
+        with self.wakeup:
+            if not lease.held:
+                return
+            self.leases[lease] = None
+            if deadline < self.wake_at:  # sooner than the thread means to wake (never, when idle)
+                self.wake_at = deadline
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self.run, name="grpc-receive-watchdog", daemon=True)
+                    self.thread.start()
+                self.wakeup.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.wakeup:
+                now = time.monotonic()
+                watched = list(self.leases)
+                due = [lease for lease in watched if lease.deadline <= now]
+                for lease in due:
+                    self.leases.pop(lease, None)
+                if not due:
+                    self.wake_at = min((lease.deadline for lease in watched), default=math.inf)
+                    self.wakeup.wait(None if self.wake_at == math.inf else self.wake_at - now)
+                    continue
+            for lease in due:
+                end = lease.end
+                if lease.release():  # not complete: the message is late
+                    lease.late = True
+                    if end is not None:
+                        try:
+                            end()
+                        except Exception:
+                            log.exception("could not end a gRPC call whose message is late")
+
+
+class Starter(futures.ThreadPoolExecutor):
+    """How the gate learns the call behind its handler, to end it when its message is late: grpcio runs a method on
+    the method's own `experimental_thread_pool` when it has one, handing that pool its call event. This pool runs
+    nothing itself: it passes the call on to the server's pool and, on the thread that serves it, as grpcio is
+    about to ask for the message, notes the call and the time and has the watchdog watch the lease taken as the
+    call arrived. Once the call is served, a lease of it still held (its message never came) is given back.
+    Without the call (a grpcio that no longer hands it over) a late call's lease still goes back, and a call
+    waiting for a slot is cancelled through its context."""
+
+    def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None) -> None:  # a pool without threads
+        self.gate, self.leased, self.logged = gate, leased, logged
+        self.call: Any = None  # grpcio's call (cygrpc.Call), whose cancel() can end it with a status
+        self.context: grpc.ServicerContext | None = None  # a waiting call's, once it runs
+        self.started = time.monotonic()
+        self.late = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        assert self.gate.pool is not None
+        return self.gate.pool.submit(self.run, fn, args, kwargs)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.started = time.monotonic()
+        self.call = next((event.call for event in args if hasattr(getattr(event, "call", None), "cancel")), None)
+        for lease in self.leased:  # the lease taken as the call arrived: grpcio asks for the message now
+            self.gate.watchdog.watch(lease, self.started + self.gate.receive_wait, self.end)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for lease in self.leased:
+                lease.release()
+            if self.late and self.logged is not None:
+                self.logged.late(self.call, self.started)
+
+    def end(self) -> None:
+        """End the call whose message is late, as a call past its deadline ends."""
+        self.late = True
+        if self.call is not None:
+            self.call.cancel(LATE.value[0], self.gate.late_details)
+        elif self.context is not None:
+            self.context.cancel()
+
+
+class Method:
+    """A gated method as grpcio calls it, run through its `Starter`."""
+    __slots__ = ("behavior", "experimental_thread_pool")
+
+    def __init__(self, behavior: Callable[..., Any], starter: Starter) -> None:
+        self.behavior, self.experimental_thread_pool = behavior, starter
+
+    def __call__(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self.behavior(request, context)
 
 
 class Gate(grpc.ServerInterceptor):
-    """Every unary call's message is charged to the worker's memory budget as grpcio hands it over, before it is
-    parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the budget is full the call
-    is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable overload, not a client's quota)
-    without a parsed copy ever being made. grpcio receives a unary call's message as soon as a thread takes the
-    call, so at most `receivers` messages are received at a time, each under a `Lease`: a receive slot and a
-    reservation of `reserve` bytes (the largest message) of the budget, so a call the budget has no room for is
-    refused before its message is read. A call that finds a slot and room as it arrives is served as the unary
-    call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path); one that does not is served as a
-    stream-unary call, which receives its message only when asked: it waits for a slot at most `receive_wait`
-    seconds (--request_body_timeout, as a REST body) and is then answered UNAVAILABLE, so a client that sends
-    slowly delays the others by at most that, while the others' streams are held to HTTP/2's initial window (BDP
-    probing off, see server.py). Probes (grpc.health.v1, V2's ServerLive and ServerReady) pass untouched: tiny,
-    open to all, and never to be refused by a busy budget. Every other call passes auth (UNAUTHENTICATED,
-    PERMISSION_DENIED); with --access_log, every call leaves a line. Only unary calls are gated: TF Serving's
-    services have no others, and V2's one stream (ModelStreamInfer) answers UNIMPLEMENTED."""
+    """Every call but the probes passes auth as it arrives, on its metadata alone: one without a valid token
+    (UNAUTHENTICATED) or the role it needs (PERMISSION_DENIED) is answered before anything of its message is
+    received or charged. Every unary call's message is charged to the worker's memory budget as grpcio hands it
+    over, before it is parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the
+    budget is full the call is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable
+    overload, not a client's quota) without a parsed copy ever being made. grpcio receives a unary call's message
+    as soon as a thread takes the call, so at most `receivers` messages are received at a time, each under a
+    `Lease`: a receive slot and a reservation of `reserve` bytes (the largest message) of the budget, so a call the
+    budget has no room for is refused before its message is read. A call that finds a slot and room as it arrives
+    is served as the unary call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path); one that
+    does not is served as a stream-unary call, which receives its message only when asked: it waits for a slot and
+    is answered UNAVAILABLE if none frees in time, while the others' streams are held to HTTP/2's initial window
+    (BDP probing off, see server.py). Either way a call's message must be complete within `receive_wait` seconds
+    (--request_body_timeout, as a REST body's) of a thread taking the call, waiting for a slot included: past that
+    the `Watchdog` gives its lease back, so the slot passes at once to a call waiting for one, and ends the call
+    DEADLINE_EXCEEDED (learning the call through `Starter`, given the server's `pool`). A client that sends slowly
+    or stalls thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and ServerReady)
+    pass untouched: tiny, open to all, and never to be refused by a busy budget. With --access_log, every call
+    leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
+    (ModelStreamInfer) answers UNIMPLEMENTED."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
-                 receivers: int, reserve: int, receive_wait: float) -> None:
+                 receivers: int, reserve: int, receive_wait: float, pool: futures.ThreadPoolExecutor | None = None
+                 ) -> None:
         self.authenticator = authenticator
         self.log_requests = log_requests
         self.hold = hold  # the worker's MemoryBudget.hold
         self.receiving = threading.BoundedSemaphore(receivers)
         self.reserve = reserve
         self.receive_wait = receive_wait
+        self.late_details = (f"The request message did not arrive in time: it must be complete within "
+                             f"--request_body_timeout ({receive_wait:g} s) of the call's start")
+        self.pool = pool  # the server's: the gate's calls run there through their Starter
+        self.watchdog = Watchdog()
         self.calls = threads.CallCount()  # a lone call runs its graph on its own thread (serving/threads.py)
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
@@ -88,12 +222,11 @@ class Gate(grpc.ServerInterceptor):
                 or details.method in OPEN_METHODS:
             return handler
         metadata = dict(details.invocation_metadata or ())
-        needs = auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT
         behavior, parse = handler.unary_unary, handler.request_deserializer
         leased: list[Lease] = []  # the call's lease while its message is received
 
         def deserialize(data: bytes) -> Received:
-            """Runs as the message is complete (on grpcio's polling thread for a stream-unary call)."""
+            """Runs as the message is complete (on grpcio's polling thread)."""
             for lease in leased:
                 lease.release()
             try:
@@ -111,30 +244,37 @@ class Gate(grpc.ServerInterceptor):
                 raise
 
         def gated(received: Received, context: grpc.ServicerContext) -> Any:
-            try:
-                self.authenticator.check(metadata.get("authorization"), needs)
-                if received.error is not None:
-                    raise received.error
-            except ServingError as err:
-                context.abort(GRPC_STATUS[err.code], err.message)
+            if received.error is not None:
+                context.abort(GRPC_STATUS[received.error.code], received.error.message)
             with received.hold, self.calls:
                 return behavior(received.request, context)
 
-        call = self.logged(gated, details.method, metadata) if self.log_requests else gated
+        logged = Logged(gated, details.method, metadata) if self.log_requests else None
+        call: Callable[[Received, grpc.ServicerContext], Any] = gated if logged is None else logged
+        try:
+            self.authenticator.check(metadata.get("authorization"),
+                                     auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT)
+        except ServingError as err:  # answered without asking for the message: none of it is received
+            refused = Received(0, error=err)
+            return grpc.stream_unary_rpc_method_handler(lambda _messages, context: call(refused, context),
+                                                        response_serializer=handler.response_serializer)
+        starter = Starter(self, leased, logged) if self.pool is not None else None
         lease = self.lease_now()
         if lease is not None:
             leased.append(lease)
-            return grpc.unary_unary_rpc_method_handler(call, request_deserializer=deserialize,
+            return grpc.unary_unary_rpc_method_handler(call if starter is None else Method(call, starter),
+                                                       request_deserializer=deserialize,
                                                        response_serializer=handler.response_serializer)
 
         def queued(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
             try:
-                received = self.receive(messages, context, leased)
+                received = self.receive(messages, context, leased, starter)
             except ServingError as err:
                 received = Received(0, error=err)
             return call(received, context)
 
-        return grpc.stream_unary_rpc_method_handler(queued, request_deserializer=deserialize,
+        return grpc.stream_unary_rpc_method_handler(queued if starter is None else Method(queued, starter),
+                                                    request_deserializer=deserialize,
                                                     response_serializer=handler.response_serializer)
 
     def lease_now(self) -> Lease | None:
@@ -147,46 +287,78 @@ class Gate(grpc.ServerInterceptor):
             self.receiving.release()
             return None
 
-    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, leased: list[Lease]) -> Received:
-        """The call's one message, received under a lease that waits for a slot (UNAVAILABLE when the budget has
-        no room for the message, or no slot frees in time)."""
+    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, leased: list[Lease],
+                starter: Starter | None) -> Received:
+        """The call's one message, received under a lease that waits for a slot: UNAVAILABLE when the budget has
+        no room for the message or no slot frees in time, DEADLINE_EXCEEDED when the message is late."""
+        started = time.monotonic() if starter is None else starter.started
+        late_at = started + self.receive_wait
         remaining = threads.timeout_until(deadline_of(context))
-        if not self.receiving.acquire(timeout=self.receive_wait if remaining is None else
-                                      min(remaining, self.receive_wait)):
-            if remaining is not None and remaining <= self.receive_wait:
+        wait = max(0.0, late_at - time.monotonic())
+        if not self.receiving.acquire(timeout=wait if remaining is None else min(remaining, wait)):
+            if remaining is not None and remaining <= wait:
                 raise deadline_exceeded("Deadline exceeded waiting to receive the request")
             raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
         lease = Lease(self.receiving, None)
         try:
+            if time.monotonic() >= late_at:  # a slot came, but no time to receive in: it passes on
+                raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
             lease.reservation = self.hold(self.reserve)
             leased.append(lease)
-            received = next(messages, None)
+            if starter is not None:
+                starter.context = context
+            self.watchdog.watch(lease, late_at, getattr(context, "cancel", None) if starter is None else starter.end)
+            try:
+                received = next(messages, None)
+            except grpc.RpcError:  # the call was cancelled: by the watchdog, or by its client
+                if lease.late:
+                    raise deadline_exceeded(self.late_details) from None
+                raise
         finally:
             lease.release()
         if received is None:
             raise invalid("A unary method requires exactly one request message")
         return received
 
-    @staticmethod
-    def logged(behavior: Callable[..., Any], method: str, metadata: dict[str, str]) -> Callable[..., Any]:
-        request_id = access_log.request_id(metadata.get(access_log.HEADER.lower()))
 
-        def call(received: Received, context: grpc.ServicerContext) -> Any:
-            started, response = time.perf_counter(), None
-            context.send_initial_metadata(((access_log.HEADER.lower(), request_id),))
-            try:
-                response = behavior(received, context)
-                return response
-            finally:
-                request = received.request
-                spec = getattr(request, "model_spec", None)
-                version = spec.version.value if spec is not None and spec.HasField("version") else None
-                model = spec.name if spec is not None else getattr(request, "model_name", None)  # V2 names it so
-                version = version or (spec.version_label if spec is not None
-                                      else getattr(request, "model_version", None))
-                access_log.write(request_id=request_id, protocol="grpc", method="POST", path=method,
-                                 model=model or None, version=version or None,
-                                 status=(context.code() or grpc.StatusCode.OK).name, bytes_in=received.nbytes,
-                                 bytes_out=response.ByteSize() if response is not None else 0,
-                                 remote=context.peer(), latency_ms=round(1000 * (time.perf_counter() - started), 3))
-        return call
+class Logged:
+    """A call's access-log line, written as it ends; for a call ended before it ran (its message was late), written
+    by `late`."""
+    __slots__ = ("behavior", "method", "request_id", "written")
+
+    def __init__(self, behavior: Callable[[Received, grpc.ServicerContext], Any], method: str,
+                 metadata: dict[str, str]) -> None:
+        self.behavior, self.method = behavior, method
+        self.request_id = access_log.request_id(metadata.get(access_log.HEADER.lower()))
+        self.written = False
+
+    def __call__(self, received: Received, context: grpc.ServicerContext) -> Any:
+        started, response = time.perf_counter(), None
+        context.send_initial_metadata(((access_log.HEADER.lower(), self.request_id),))
+        try:
+            response = self.behavior(received, context)
+            return response
+        finally:
+            request = received.request
+            spec = getattr(request, "model_spec", None)
+            version = spec.version.value if spec is not None and spec.HasField("version") else None
+            model = spec.name if spec is not None else getattr(request, "model_name", None)  # V2 names it so
+            version = version or (spec.version_label if spec is not None
+                                  else getattr(request, "model_version", None))
+            self.write(model or None, version or None, (context.code() or grpc.StatusCode.OK).name, received.nbytes,
+                       response.ByteSize() if response is not None else 0, context.peer(),
+                       time.perf_counter() - started)
+
+    def late(self, call: Any, started: float) -> None:
+        """The line of a call the watchdog ended before its message came (`started`: time.monotonic())."""
+        if not self.written:
+            peer = call.peer() if call is not None else b""
+            self.write(None, None, LATE.name, 0, 0, peer.decode(errors="replace") if isinstance(peer, bytes) else peer,
+                       time.monotonic() - started)
+
+    def write(self, model: str | None, version: Any, status: str, bytes_in: int, bytes_out: int, remote: str,
+              seconds: float) -> None:
+        self.written = True
+        access_log.write(request_id=self.request_id, protocol="grpc", method="POST", path=self.method, model=model,
+                         version=version, status=status, bytes_in=bytes_in, bytes_out=bytes_out, remote=remote,
+                         latency_ms=round(1000 * seconds, 3))

@@ -56,11 +56,31 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
-def gate(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions) -> Gate:
-    """The interceptor every call of this worker's server passes."""
+def gate(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
+         pool: futures.ThreadPoolExecutor | None = None) -> Gate:
+    """The interceptor every call of this worker's server passes (`pool`: the server's, through which the gate
+    learns each call, to end one whose message is late)."""
     return Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
                 dataplane.memory.hold, receivers(dataplane.memory.body_limit, protocols),
-                min(protocols.grpc_max_message_bytes, dataplane.memory.body_limit), protocols.request_body_timeout)
+                min(protocols.grpc_max_message_bytes, dataplane.memory.body_limit), protocols.request_body_timeout,
+                pool)
+
+
+def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
+    """The server's channel arguments. BDP probing is off, so a stream is held to HTTP/2's initial window until its
+    message is asked for (gate.py). Each connection may have at most --grpc_max_threads streams open (HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS, which grpc leaves unlimited): no more of one connection's calls can run at
+    once, a client queues the rest itself (grpc clients wait for a stream rather than fail), and one connection
+    can no longer queue thousands of calls that never send a message ahead of everyone else's.
+    --grpc_channel_arguments adds to these and overrides them."""
+    max_message = protocols.grpc_max_message_bytes
+    options: list[tuple[str, int | str]] = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
+                                            ("grpc.max_receive_message_length", max_message),
+                                            ("grpc.max_send_message_length", max_message),
+                                            ("grpc.max_concurrent_streams", protocols.grpc_max_threads)]
+    given = parse_channel_arguments(protocols.grpc_channel_arguments)
+    keys = {key for key, _ in given}
+    return [option for option in options if option[0] not in keys] + given
 
 
 def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
@@ -76,14 +96,11 @@ def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOp
     if not addresses:
         return None
     max_message = protocols.grpc_max_message_bytes
-    options: list[tuple[str, int | str]] = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
-                                            ("grpc.max_receive_message_length", max_message),
-                                            ("grpc.max_send_message_length", max_message)]
-    options += parse_channel_arguments(protocols.grpc_channel_arguments)
     if protocols.access_log:
         access_log.enable()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc"),
-                         options=options, interceptors=[gate(dataplane, protocols, security)])
+    pool = futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc")
+    server = grpc.server(pool, options=channel_options(protocols), interceptors=[gate(dataplane, protocols, security,
+                                                                                       pool)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane, max_message),
                                                                        server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload), server)
