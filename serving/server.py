@@ -197,7 +197,8 @@ def main(argv: list[str]) -> int:
                        extra={"fields": {"flags": dict(options.ineffective_flags)}})
     log_estimated_budget(options)
     for model in options.dataplane.model_config.model_config_list.config:
-        if not os.path.isdir(model.base_path):
+        local = model.base_path.removeprefix("file://")  # another URL (gs://, s3://) is TensorFlow's to look at
+        if "://" not in local and not os.path.isdir(local):
             logger.warning("model base path does not exist yet; waiting for versions to appear",
                            extra={"fields": {"model": model.name, "model_base_path": model.base_path}})
     if protocols.grpc_socket_path:

@@ -55,7 +55,8 @@ def wait_for(predicate, timeout: float = 90) -> None:
 
 
 def lifecycle_server(root, warmup_records: int = 0):
-    """A real server polling a base path whose version 1 has `warmup_records` slow warmup records."""
+    """A real server polling a base path, given as a file:// URL as TF Serving takes it, whose version 1 has
+    `warmup_records` slow warmup records."""
     base = str(root / "flowers")
     staging = copy_model(str(root / "staging"), 1)
     if warmup_records:
@@ -65,7 +66,7 @@ def lifecycle_server(root, warmup_records: int = 0):
     batching = root / "batching.config"
     batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 300000 } "
                         "num_batch_threads { value: 2 }")
-    return run_server(f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.3",
+    return run_server(f"--model_base_path=file://{base}", "--file_system_poll_wait_seconds=0.3",
                       f"--batching_parameters_file={batching}", "--graceful_timeout=20", "--port=0",
                       wait_ready=False)
 
@@ -77,6 +78,13 @@ def lifecycle(tmp_path_factory):
     with lifecycle_server(root) as server:
         wait_for(lambda: requests.get(server.rest_url + "/readyz", timeout=10).status_code == 200)
         yield server, str(root / "flowers")
+
+
+def test_a_file_url_base_path_that_exists_is_not_said_to_be_missing(lifecycle):
+    """The check at start looked for a folder named `file:///...` and warned that the model's base path did not
+    exist yet, for a model that then loaded."""
+    server, _ = lifecycle
+    assert "does not exist yet" not in server.log(), server.log()[-2000:]
 
 
 def newest_available(url: str) -> int:
