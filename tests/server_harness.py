@@ -170,3 +170,38 @@ def children(pid: int) -> list[int]:
     """A process's children now, with no wait: for a test that acts the moment a worker is forked."""
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(child) for child in f.read().split()]
+
+
+def check_watcher_keeps_running_config(config_file, running, refused: str, caplog, timeout_s: float) -> None:
+    """A real Worker in this process watching `config_file` (--model_config_file, re-read every 0.05 s) while it
+    serves the ModelServerConfig `running`: the file breaks a rule, so the watch logs `refused` within
+    `timeout_s`, the models served stay as they were, and the watch thread ends once the worker drains."""
+    import dataclasses
+    import logging
+    import threading
+
+    from serving.config import ProcessOptions, ServerOptions
+    from serving.worker import Worker
+
+    def warned() -> bool:
+        return any(refused in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
+    options = ServerOptions(process=ProcessOptions(model_config_file=str(config_file),
+                                                   model_config_file_poll_wait_seconds=0.05))
+    options = dataclasses.replace(options, dataplane=dataclasses.replace(
+        options.dataplane, model_config=running, file_system_poll_wait_seconds=0, tensorflow_thread_nice=0))
+    worker = Worker(options)
+    with caplog.at_level(logging.WARNING, logger="serving.worker"):
+        worker.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not warned() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert warned()
+            assert worker.dataplane.model_names() == ["flowers"]
+        finally:
+            worker.drain()  # the watch ends once the worker drains
+            worker.exit()
+    watches = [t for t in threading.enumerate() if t.name == "petal-config"]
+    for watch in watches:
+        watch.join(5)
+    assert not any(t.is_alive() for t in watches)

@@ -16,7 +16,6 @@ The servers here are real DataPlanes in this process (no gunicorn, no sockets), 
 and the gRPC servicers."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -31,8 +30,8 @@ from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from server_harness import copy_model, in_process_dataplane
-from serving.config import BatchingOptions, ProcessOptions, ServerOptions
+from server_harness import check_watcher_keeps_running_config, copy_model, in_process_dataplane
+from serving.config import BatchingOptions
 from serving.config_files import check_model_config, read_batching_parameters, read_model_config
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.repository import Repository, VersionState, VersionStatus
@@ -41,7 +40,6 @@ from serving.metrics import Metrics
 from serving.protocols.grpc_api.tfserving import ModelService
 from serving.protocols.rest.app import create_app
 from serving.protos import BatchingParameters
-from serving.worker import Worker
 
 SPLITTING = """
 max_batch_size { value: 1024 }
@@ -319,26 +317,4 @@ def test_the_watcher_keeps_the_running_config_when_the_file_lists_a_model_twice(
     copy_model(base, 1)
     path = tmp_path / "models.config"
     path.write_text(text_format.MessageToString(config(base, "flowers", "flowers")))
-
-    def warned() -> bool:
-        return any(FLOWERS_TWICE in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
-    options = ServerOptions(process=ProcessOptions(model_config_file=str(path),
-                                                   model_config_file_poll_wait_seconds=0.05))
-    options = dataclasses.replace(options, dataplane=dataclasses.replace(
-        options.dataplane, model_config=config(base), file_system_poll_wait_seconds=0, tensorflow_thread_nice=0))
-    worker = Worker(options)
-    with caplog.at_level(logging.WARNING, logger="serving.worker"):
-        worker.start()
-        try:
-            deadline = time.monotonic() + 30
-            while not warned() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert warned()
-            assert worker.dataplane.model_names() == ["flowers"]
-        finally:
-            worker.drain()
-            worker.exit()
-    watches = [t for t in threading.enumerate() if t.name == "petal-config"]
-    for watch in watches:
-        watch.join(5)
-    assert not any(t.is_alive() for t in watches)
+    check_watcher_keeps_running_config(path, config(base), FLOWERS_TWICE, caplog, timeout_s=30)

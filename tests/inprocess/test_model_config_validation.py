@@ -4,24 +4,17 @@ model_platform that a config file was refused for; it runs here through the real
 DataPlane serving the tiny model."""
 from __future__ import annotations
 
-import dataclasses
-import logging
-import threading
-import time
-
 import grpc
 import pytest
 from google.protobuf import text_format
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from server_harness import tiny_model_base
-from serving.config import ProcessOptions, ServerOptions
+from server_harness import check_watcher_keeps_running_config, tiny_model_base
 from serving.config_files import check_model_config, read_model_config
 from serving.core import Code, ServingError
 from serving.flags import parse_args
 from serving.protocols.grpc_api.tfserving import ModelService
-from serving.worker import Worker
 
 BAD_PLATFORM = "model_platform 'pytorch' is not supported"
 
@@ -122,26 +115,4 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_pa
     models served stay as they were."""
     path = tmp_path / "models.config"
     path.write_text(text_format.MessageToString(config(platform="pytorch")))
-
-    def warned() -> bool:
-        return any(BAD_PLATFORM in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
-    options = ServerOptions(process=ProcessOptions(model_config_file=str(path),
-                                                   model_config_file_poll_wait_seconds=0.05))
-    options = dataclasses.replace(options, dataplane=dataclasses.replace(
-        options.dataplane, model_config=config(), file_system_poll_wait_seconds=0, tensorflow_thread_nice=0))
-    worker = Worker(options)
-    with caplog.at_level(logging.WARNING, logger="serving.worker"):
-        worker.start()
-        try:
-            deadline = time.monotonic() + 10
-            while not warned() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert warned()
-            assert worker.dataplane.model_names() == ["flowers"]
-        finally:
-            worker.drain()  # the watch ends once the worker drains
-            worker.exit()
-    watches = [t for t in threading.enumerate() if t.name == "petal-config"]
-    for watch in watches:
-        watch.join(5)
-    assert not any(t.is_alive() for t in watches)
+    check_watcher_keeps_running_config(path, config(), BAD_PLATFORM, caplog, timeout_s=10)
