@@ -88,12 +88,11 @@ def large_batch_splitting(proto) -> bool:
     return proto.HasField("enable_large_batch_splitting") and proto.enable_large_batch_splitting.value
 
 
-def large_batch_splitting_note(proto) -> str:
-    """What Petal does differently with a BatchingParameters' `enable_large_batch_splitting`, for the warning at
-    start; empty without it."""
+def large_batch_splitting_note(proto, options: BatchingOptions) -> str:
+    """What Petal does differently with a BatchingParameters' `enable_large_batch_splitting` (`options`, what
+    `BatchingOptions.from_proto` made of it), for the warning at start; empty without it."""
     if not large_batch_splitting(proto):
         return ""
-    options = BatchingOptions.from_proto(proto)
     limit = proto.max_batch_size.value if proto.HasField("max_batch_size") else options.max_batch_size
     return (f"enable_large_batch_splitting: batches run at most max_execution_batch_size ({options.max_batch_size}) "
             f"rows and a larger request is split across batches, as in TF Serving; but max_batch_size ({limit}), "

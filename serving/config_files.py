@@ -158,7 +158,7 @@ def read_batching_parameters(path: str) -> BatchingOptions:
         options = BatchingOptions.from_proto(proto)
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
-    note = large_batch_splitting_note(proto)
+    note = large_batch_splitting_note(proto, options)
     if note:
         logger.warning("batching parameters: max_batch_size is not enforced with enable_large_batch_splitting",
                        extra={"fields": {"path": path, "detail": note}})
