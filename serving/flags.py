@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
          help="(Petal) request threads per worker with --worker_class=gthread; OS threads for unbatched runs "
          "with gevent")
     flag("--max_connections", type=int, default=d.max_connections,
-         help="(Petal, gevent) open connections per worker; past it a new one gets 503 and is closed")
+         help="(Petal, gevent) open connections per worker; at it a new one closes the longest idle one, or gets "
+         "503 and is closed when every one is in a request")
     flag("--keepalive_timeout", type=float, default=d.keepalive_timeout,
          help="(Petal) seconds an idle keep-alive connection stays open (longer than your load balancer's)")
     flag("--request_header_timeout", type=float, default=d.request_header_timeout,

@@ -10,8 +10,10 @@ greenlet and a socket instead of one of a fixed number of threads. Three changes
   a request's headers must arrive within --request_header_timeout of their first byte, and its body within
   --request_body_timeout, extended by a second for every MIN_BODY_RATE bytes received, so a trickle is cut off
   while a large photo sent at any normal speed is not. gunicorn's own `keepalive` closes idle connections.
-- Past --max_connections, a new connection is answered 503 with Retry-After and closed, instead of waiting unseen
-  in the kernel's backlog.
+- At --max_connections, a new connection takes the place of the one that has waited longest for a next request, as
+  nginx does when its connections run out (ngx_drain_connections), so idle sockets cannot hold the port; when every
+  connection is in a request, the new one is answered 503 with Retry-After and closed, instead of waiting unseen in
+  the kernel's backlog.
 
 With --ssl_config_file the worker does TLS itself rather than through gunicorn's `certfile`: gevent's server
 would complete each handshake before `handle()` runs, with no deadline and outside --max_connections. Here the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -74,8 +77,8 @@ class DeadlineSocket:
     gunicorn writes the header block and the body separately. Each send releases the GIL, and getting it back on a
     busy worker means waiting for a batch thread's Python, so one write instead of two is a wait fewer per request
     (and one packet instead of two)."""
-    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held", "request")
-    _deadline: float | None  # None: the connection's first byte has not arrived
+    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held", "_idle_since", "request")
+    _deadline: float | None  # None: the next request's first byte has not arrived
 
     def __init__(self, sock, header_s: float, body_s: float):
         self._sock = sock
@@ -89,7 +92,12 @@ class DeadlineSocket:
 
     def idle(self) -> None:
         """Between requests only gunicorn's keepalive applies; the header clock starts at the next first byte."""
-        self._phase, self._deadline = "headers", None
+        self._phase, self._deadline, self._idle_since = "headers", None, time.monotonic()
+
+    def idle_since(self) -> float | None:
+        """When the connection began to wait for a next request of which no byte has arrived; None once one has (a
+        head that trickles in is bounded by --request_header_timeout instead) and while a request is served."""
+        return self._idle_since if self._deadline is None else None
 
     def close_when_idle(self) -> None:
         """End a keep-alive connection once it has no request: at once if it waits for a next one none of which has
@@ -197,7 +205,7 @@ class PetalGeventWorker(GeventWorker):
         self._tls = tls_context(*self.petal_tls) if self.petal_tls else None
 
     def handle(self, listener, client, addr) -> None:
-        if self._open >= self.petal_max_connections:
+        if self._open >= self.petal_max_connections and not self.close_longest_idle():
             self.refuse(client)
             return
         self._open += 1
@@ -215,6 +223,23 @@ class PetalGeventWorker(GeventWorker):
                 self._clients.discard(sock)
         finally:
             self._open -= 1
+
+    def close_longest_idle(self) -> bool:
+        """Make room for a new connection by closing the one that has waited longest for a next request, which
+        HTTP/1.1 allows at any time (a client resends a request whose keep-alive connection closed under it); False
+        when every connection has a request arriving or being served, none of which is ever cut. The closed one
+        leaves `_clients` at once, so the next arrival closes another, and `_open` when its handler has seen the
+        end of input and finished, on the loop's next turn."""
+        longest, since = None, math.inf
+        for sock in self._clients:
+            idle_since = sock.idle_since()
+            if idle_since is not None and idle_since < since:
+                longest, since = sock, idle_since
+        if longest is None:
+            return False
+        self._clients.discard(longest)
+        longest.close_when_idle()
+        return True
 
     def close_idle_connections(self) -> None:
         """Part of the worker's drain (serving/worker.py `Worker.drain`): keep-alive connections waiting for a next

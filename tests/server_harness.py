@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import requests
 
 from serving import launcher
 from serving.launcher import Server as Server
@@ -47,6 +50,25 @@ def user_environment(**overrides: str) -> dict[str, str]:
 def b64(data: bytes) -> dict:
     """A REST predict instance value: TF Serving's {"b64": ...} for binary strings."""
     return {"b64": base64.b64encode(data).decode()}
+
+
+def predict_body(seed: int = 0) -> bytes:
+    """A TF Serving REST predict of one small JPEG."""
+    return json.dumps({"instances": [b64(jpeg(seed=seed))]}).encode()
+
+
+def rest_address(server: Server) -> tuple[str, int]:
+    """The REST port's host and port, for a test that speaks HTTP on its own sockets."""
+    url = urlparse(server.rest_url)
+    assert url.hostname is not None and url.port is not None, server.rest_url
+    return url.hostname, url.port
+
+
+def memory_held(server: Server) -> dict[str, float]:
+    """What the worker's memory budget holds now, by kind (`bodies`, `pixels`), as its metrics export it."""
+    text = requests.get(server.rest_url + "/monitoring/prometheus/metrics", timeout=10).text
+    return {kind: float(value) for kind, value
+            in re.findall(r':petal:serving:memory_budget_held_bytes\{kind="(\w+)"\} (\S+)', text)}
 
 
 def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,

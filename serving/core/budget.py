@@ -9,7 +9,7 @@ colour: 0.56 MB sent, 108 MB decoded), so the two are budgeted apart, within one
   allocates for the batch). A TF call waits in the batch queue until its pixels fit the share; a call larger than
   the whole share runs alone rather than never.
 - **Bodies** get the rest. They are admitted without waiting: a body that does not fit now is refused at once
-  (UNAVAILABLE: 503 with Retry-After, or gRPC UNAVAILABLE), before it is read when its size is declared; one larger
+  (UNAVAILABLE: 503 with Retry-After, or gRPC UNAVAILABLE), at the piece that does not fit as it arrives; one larger
   than the whole body share could never fit and is refused as too large (RESOURCE_EXHAUSTED).
 
 Bodies never wait on pixels and the pixels' share is never lent to bodies, so an admitted request can always
@@ -111,7 +111,7 @@ class MemoryBudget:
 
     def _refused(self, reason: str, error: ServingError) -> ServingError:
         """A body refused is counted in :petal:serving:rejected_requests by `reason`, with no model: it is refused
-        before it is read, so before the request names one."""
+        before or as it is read, so before the request names one."""
         if self._metrics is not None:
             self._metrics.rejected.inc(model_name="", reason=reason)
         return error

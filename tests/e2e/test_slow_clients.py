@@ -1,16 +1,15 @@
 """Hostile connections against a real `petal serve` (gevent front end): tricklers and idlers neither stop nor slow
-normal clients, tricklers are cut off, a large upload at a normal speed is not, and past --max_connections a new
-connection gets a clear 503."""
+normal clients, tricklers are cut off, and a large upload at a normal speed is not. What happens at
+--max_connections: tests/e2e/test_front_end_floods.py."""
 import json
 import socket
 import threading
 import time
-from urllib.parse import urlparse
 
 import pytest
 import requests
 
-from server_harness import b64, jpeg, run_server, tiny_model_base
+from server_harness import b64, jpeg, predict_body, rest_address, run_server, tiny_model_base
 
 PER_KIND = 100  # connections of each kind: header tricklers, body tricklers, idlers
 TIMEOUTS = ("--request_header_timeout=2", "--request_body_timeout=2", "--keepalive_timeout=3")
@@ -24,19 +23,10 @@ def server():
         yield running
 
 
-def address(server) -> tuple[str, int]:
-    url = urlparse(server.rest_url)
-    return url.hostname, url.port
-
-
 def connect(server) -> socket.socket:
-    sock = socket.create_connection(address(server), timeout=5)
+    sock = socket.create_connection(rest_address(server), timeout=5)
     sock.setblocking(False)
     return sock
-
-
-def predict_body() -> bytes:
-    return json.dumps({"instances": [b64(jpeg())]}).encode()
 
 
 class Attack:
@@ -148,7 +138,7 @@ def test_a_large_photo_at_a_normal_speed_is_not_cut_off(server):
     """3 s to send 2 MB (about 700 KB/s) outlasts the 2 s body timeout, which every 64 KiB received extends."""
     photo = jpeg(1000, quality=100)
     body = json.dumps({"instances": [b64(photo)]}).encode()
-    sock = socket.create_connection(address(server), timeout=30)
+    sock = socket.create_connection(rest_address(server), timeout=30)
     sock.sendall(b"POST /v1/models/flowers:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
     chunk = len(body) // 30 + 1
@@ -174,16 +164,3 @@ def test_a_body_that_stops_arriving_gets_408(server):
     assert answer.startswith(b"HTTP/1.1 408 ") and b'{"error":"The request body did not arrive in time"}' in answer, \
         answer
 
-
-def test_past_max_connections_a_new_connection_gets_503(server):
-    idle = [socket.create_connection(address(server), timeout=5) for _ in range(MAX_CONNECTIONS)]
-    try:
-        time.sleep(0.5)
-        refused = requests.get(server.rest_url + "/readyz", timeout=5)
-        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
-        assert "Too many connections" in refused.json()["error"]
-    finally:
-        for sock in idle:
-            sock.close()
-    time.sleep(0.5)
-    assert requests.get(server.rest_url + "/readyz", timeout=5).status_code == 200

@@ -1,13 +1,15 @@
 """Each HTTP request's hold on its worker's memory budget (serving/core/budget.py), from before its body is read
 until it is answered; REST, V2 and `:classify_image` alike.
 
-A body whose Content-Length is declared is charged BODY_BYTES_FACTOR times that before a byte of it is read, and a
-chunked one as each piece arrives; either way a body the budget has no room for is answered 503 with Retry-After at
-once, and the rest of it is never buffered. The view that decodes the body then charges what the codec learns,
-through the request's `charge`: an inflated gzip body, and JSON numbers, which cost far more as Python objects
-than the base64 strings the factor is measured on. A body larger than the budget could ever hold is a 413, like
-one over --max_request_bytes. The hold is released when the request's context ends, whatever ended it: an answer,
-an error, a deadline, a client gone mid-body. The hold lives in the request's WSGI environ, beside its body.
+A body is charged BODY_BYTES_FACTOR times each piece read as it arrives, whether its Content-Length is declared or
+it is chunked. A declared size is a claim, checked before a byte is read (a 413 when it is more than the budget
+could ever hold, like one over --max_request_bytes) but not charged: charged in full up front, it let a client that
+declares large bodies and trickles them hold the budget for as long as the body deadline allows, so that every
+other request got 503. A piece the budget has no room for is answered 503 with Retry-After at once, and the rest of
+the body is never buffered. The view that decodes the body then charges what the codec learns, through the
+request's `charge`: an inflated gzip body, and JSON numbers, which cost far more as Python objects than the base64
+strings the factor is measured on. The hold is released when the request's context ends, whatever ended it: an
+answer, an error, a deadline, a client gone mid-body. The hold lives in the request's WSGI environ, beside its body.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ class RequestHold:
 
 
 class ChargedStream:
-    """A chunked body's WSGI input that charges each piece read before handing it on."""
+    """A body's WSGI input that charges each piece read before handing it on."""
+    __slots__ = ("_stream", "_charge")
 
     def __init__(self, stream, charge: Charge) -> None:
         self._stream = stream
@@ -53,7 +56,8 @@ class ChargedStream:
         return self._charged(self._stream.readline(size))
 
     def _charged(self, data: bytes) -> bytes:
-        self._charge(len(data) * BODY_BYTES_FACTOR)
+        if data:  # a stream read to its end ends with an empty piece: nothing to charge, so no call
+            self._charge(len(data) * BODY_BYTES_FACTOR)
         return data
 
 
@@ -77,10 +81,9 @@ def install(app: flask.Flask, dataplane: DataPlane) -> None:
         if not length and not chunked:
             return
         hold = environ[_HOLD] = RequestHold(budget.hold(0))
-        if chunked:
-            environ["wsgi.input"] = ChargedStream(environ["wsgi.input"], hold.charge)
-        elif length:
-            hold.charge(length * BODY_BYTES_FACTOR)
+        if length and length * BODY_BYTES_FACTOR > budget.body_limit:
+            hold.charge(length * BODY_BYTES_FACTOR)  # the budget's own refusal: 413 (503 while it is measured)
+        environ["wsgi.input"] = ChargedStream(environ["wsgi.input"], hold.charge)
 
     @app.teardown_request
     def release(error: BaseException | None) -> None:
