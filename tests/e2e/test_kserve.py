@@ -201,6 +201,18 @@ def test_truncated_binary_data_is_400(tiny_server, images):
         assert response.status_code == 400 and "Inference-Header-Content-Length" in response.json()["error"]
 
 
+@pytest.mark.parametrize("shape", [[10 ** 9], [2]], ids=["past-the-bytes", "past-the-elements"])
+def test_binary_bytes_whose_shape_disagrees_with_the_data_is_400(tiny_server, images, shape):
+    """A malformed request, as Triton answers it, and not the 413 of a request too large for the memory budget: a
+    shape of a billion elements over one element's bytes was charged for a billion objects before it was checked."""
+    raw = struct.pack("<I", len(images[0])) + images[0]
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": shape, "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    response = post_infer(tiny_server, header + raw, {"Inference-Header-Content-Length": str(len(header))})
+    assert response.status_code == 400, response.text
+    assert "Input 'image_bytes'" in response.json()["error"] and str(shape) in response.json()["error"]
+
+
 def test_tritonclient_raises_on_bad_input(triton):
     bad = httpclient.InferInput("image_bytes", [1], "BYTES").set_data_from_numpy(
         np.array([b"not an image"], dtype=object))

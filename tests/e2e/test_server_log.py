@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import time
+import zlib
 
 import requests
 
@@ -24,6 +26,15 @@ def corrupt_jpegs() -> list[bytes]:
     return [photo[:cut] for cut in range(len(photo) // 3, len(photo) - 100, len(photo) // 40)]
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that claims width x height pixels in a few dozen bytes: its size is read, and it is refused, before
+    anything decodes it."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + \
+        chunk(b"IEND", b"")
+
+
 def records(log: str) -> list[dict]:
     """Every line after the first screen (`petal serve: loading ...`, `ready: ...`), each of which must be a JSON
     object."""
@@ -37,6 +48,9 @@ def test_tensorflow_a_crashed_workers_last_words_and_gunicorn_reach_the_log_as_j
         statuses = {requests.post(url, json={"instances": [b64(body)]}, timeout=60).status_code
                     for body in corrupt_jpegs()}
         assert statuses == {400}
+        for pixels in (10_000 * 10_000, 10_000 * 20_000):  # past Pillow's own bomb limit, and past twice it
+            response = requests.post(url, json={"instances": [b64(png_header(10_000, pixels // 10_000))]}, timeout=60)
+            assert response.status_code == 400 and f"Image too large: {pixels} pixels" in response.json()["error"]
         first = worker_pid(server.proc.pid)
         os.kill(first, signal.SIGSEGV)
         deadline = time.monotonic() + WAIT_S
@@ -57,5 +71,6 @@ def test_tensorflow_a_crashed_workers_last_words_and_gunicorn_reach_the_log_as_j
     stacks = [r for r in logged if r.get("pid") == first and r["msg"].startswith("File ")]  # the stacks themselves
     assert stacks and {r["level"] for r in stacks} == {"WARNING"}, logged
     # TensorFlow's own line for each corrupt JPEG (TF_CPP_MIN_LOG_LEVEL is 2 here: errors show), at absl's level
+    assert not [r for r in logged if "DecompressionBomb" in r["msg"] or "warnings.warn" in r["msg"]], logged
     tensorflow = [r for r in logged if r["logger"] == "petal.worker.stderr" and "jpeg_mem.cc" in r["msg"]]
     assert tensorflow and {(r["level"], r["pid"]) for r in tensorflow} == {("ERROR", first)}, logged

@@ -67,12 +67,16 @@ def server(stub_site) -> Iterator[Server]:
 
 
 def open_page(browser, origin: str, **context_options):
-    """A fresh tab (own session storage) that fails the test on a JavaScript error or a request off `origin`."""
+    """A fresh tab (own session storage) that fails the test on a JavaScript error, a Content Security Policy
+    violation or a request off `origin`. (Predicates for wait_for_function are written as functions: Playwright
+    evals a bare expression in the page, which the pages' policy forbids.)"""
     context = browser.new_context(**context_options)
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     page.petal_errors = []
     page.on("pageerror", lambda error: page.petal_errors.append(f"JavaScript error: {error}"))
+    page.on("console", lambda message: page.petal_errors.append(f"CSP: {message.text}")
+            if message.type == "error" and "Content Security Policy" in message.text else None)
     page.on("request", lambda request: None if request.url.startswith(origin + "/") or
             request.url.startswith(("data:", "blob:")) else page.petal_errors.append(f"off-origin: {request.url}"))
     return page
@@ -102,7 +106,7 @@ def choose_photo(page, name: str, data: bytes, mime_type: str) -> None:
 
 def open_classify_page(page, url: str) -> None:
     page.goto(url + "/")
-    page.wait_for_function("document.querySelector('#model').options.length > 0 && "
+    page.wait_for_function("() => document.querySelector('#model').options.length > 0 && "
                            "document.querySelector('#version').options.length > 0")
 
 
@@ -135,6 +139,30 @@ def test_a_real_jpeg_gets_labels_with_scores_latency_and_the_curl_that_does_the_
                     full_page=True)
 
 
+def headers_of(url: str) -> dict[str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return dict(error.headers)
+
+
+@pytest.mark.parametrize("path, csp", [("/", web.PAGE_CSP), ("/models", web.PAGE_CSP),
+                                       ("/ui/classify.js", web.PAGE_CSP), (web.DOCS_URL + "/", web.DOCS_CSP)])
+def test_the_pages_are_confined_to_their_server_and_never_framed(server, path, csp):
+    """The pages work under these headers: every test here fails on a Content Security Policy violation."""
+    headers = headers_of(server.rest_url + path)
+    assert headers["Content-Security-Policy"] == csp and "frame-ancestors 'none'" in csp
+    assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("path", ["/v1/models/flowers", "/v1/models/nope", "/healthz"])
+def test_api_answers_are_never_sniffed_and_carry_no_page_policy(server, path):
+    headers = headers_of(server.rest_url + path)
+    assert headers["Content-Type"] == "application/json" and headers["X-Content-Type-Options"] == "nosniff"
+    assert "Content-Security-Policy" not in headers and "X-Frame-Options" not in headers
+
+
 def test_version_and_top_k_pickers_change_the_call(page, server):
     open_classify_page(page, server.rest_url)
     versions = page.locator("#version option").all_inner_texts()
@@ -143,7 +171,7 @@ def test_version_and_top_k_pickers_change_the_call(page, server):
     page.get_by_label("Labels to show").fill("2")
     page.get_by_label("Labels to show").press("Enter")  # Enter classifies again, it does not reload the page
     choose_photo(page, "rose.jpg", ROSE, "image/jpeg")
-    page.wait_for_function("document.querySelectorAll('#predictions li').length === 2")
+    page.wait_for_function("() => document.querySelectorAll('#predictions li').length === 2")
     assert "/v1/models/flowers/versions/1:classify_image?top_k=2'" in page.locator("#curl").inner_text()
 
 
@@ -281,7 +309,7 @@ def test_a_401_asks_for_a_token_kept_only_in_session_storage_and_sent_on_every_c
         page.get_by_label("API token").fill(TOKEN)
         page.get_by_role("button", name="Use token").click()
         assert form.is_hidden()
-        page.wait_for_function("document.querySelector('#version').options.length === 3")
+        page.wait_for_function("() => document.querySelector('#version').options.length === 3")
         assert page.locator("#version option").all_inner_texts() == ["latest", "version 7", "stable (version 7)"]
         choose_photo(page, "rose.jpg", ROSE, "image/jpeg")
         page.get_by_role("alert").wait_for()
@@ -351,7 +379,7 @@ def test_a_server_with_tokens_serves_the_page_which_asks_for_one_and_classifies(
             page.locator("#token-form").wait_for()
             page.get_by_label("API token").fill(token)
             page.get_by_role("button", name="Use token").click()
-            page.wait_for_function("document.querySelector('#model').options.length > 0")
+            page.wait_for_function("() => document.querySelector('#model').options.length > 0")
             choose_photo(page, "rose.jpg", ROSE, "image/jpeg")
             labels = bars(page)
             assert len(labels) == 5 and labels[0][0] == "roses"

@@ -244,7 +244,8 @@ def test_predict_other_signature_with_float_pixels(client):
 
 
 COMPRESSIONS = [("gzip", "gzip", gzip.compress), ("deflate", "deflate", zlib.compress),
-                ("encoding name in capitals", "GZIP", gzip.compress)]
+                ("encoding name in capitals", "GZIP", gzip.compress), ("identity", "identity", bytes),
+                ("x-gzip, gzip's other name (RFC 9110)", "x-gzip", gzip.compress)]
 
 
 @pytest.mark.parametrize("encoding, compress", [c[1:] for c in COMPRESSIONS], ids=[c[0] for c in COMPRESSIONS])
@@ -252,6 +253,17 @@ def test_predict_compressed_body(client, reference, encoding, compress):
     data = compress(json.dumps({"instances": [b64(JPEG), b64(JPEG2)]}).encode())
     body = ok_json(client.post(PREDICT, **raw(data, **{"Content-Encoding": encoding})))
     np.testing.assert_allclose([row["probabilities"] for row in body["predictions"]], reference, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", [PREDICT, INFER, "/v1/models/flowers:classify_image"])
+@pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, br"])
+def test_a_body_in_an_encoding_the_server_does_not_read_is_415(client, path, encoding):
+    """It was read as if it were not encoded: plain JSON sent as `br` was answered 200."""
+    body = {PREDICT: raw(json.dumps({"instances": [b64(JPEG)]}).encode()),
+            INFER: raw(json.dumps({"inputs": [v2_bytes_input(JPEG)]}).encode())}.get(path, raw(JPEG, "image/jpeg"))
+    body["headers"]["Content-Encoding"] = encoding
+    assert_error(client.post(path, **body), 415,
+                 f"Unsupported Content-Encoding '{encoding}': send the body as is, or with gzip or deflate$")
 
 
 PREDICT_ERRORS = [
@@ -743,10 +755,18 @@ V2_ERRORS = [
      f"Input 'image_bytes': binary_data_size {len(JPEG) + 4} exceeds the binary data sent$"),
     ("binary without the header", {"json": BIN_HEADER}, 400, "exceeds the binary data sent"),
     ("truncated element length", binary_request(
-        {"inputs": [{**BIN_HEADER["inputs"][0], "parameters": {"binary_data_size": 3}}]}, b"\x01\x00\x00"), 400,
+        {"inputs": [{**BIN_HEADER["inputs"][0], "shape": [2], "parameters": {"binary_data_size": 8}}]},
+        frame([b"a"]) + b"\x01\x00\x00"), 400,
      "Input 'image_bytes': truncated BYTES element length$"),
     ("element overruns", binary_request(BIN_HEADER, struct.pack("<I", len(JPEG) + 1) + JPEG), 400,
      f"Input 'image_bytes': BYTES element of {len(JPEG) + 1} bytes overruns the binary data$"),
+    ("binary BYTES shape past the bytes", binary_request(
+        {"inputs": [{**BIN_HEADER["inputs"][0], "shape": [10 ** 9]}]}, frame([JPEG])), 400,
+     f"Input 'image_bytes': {len(JPEG) + 4} bytes cannot hold the 1000000000 BYTES elements of shape [1000000000] "
+     "(each takes at least 4)$"),
+    ("binary BYTES shape past the elements", binary_request(
+        {"inputs": [{**BIN_HEADER["inputs"][0], "shape": [2]}]}, frame([JPEG])), 400,
+     "Input 'image_bytes': 1 elements do not match shape [2]$"),
     ("binary FP32 of the wrong size", binary_request(
         {"parameters": {"signature_name": "predict_images"},
          "inputs": [{"name": "images", "shape": [1, 32, 32, 3], "datatype": "FP32",
@@ -835,6 +855,20 @@ def test_metrics_count_requests_by_status(client):
 ])
 def test_unknown_paths_get_json_errors(client, method, path, status, message):
     assert_error(send(client, method, path, {}), status, message)
+
+
+@pytest.mark.parametrize("method, path, kwargs, status", [
+    ("POST", PREDICT, {"json": {"instances": [b64(JPEG)]}}, 200),
+    ("POST", PREDICT, raw(b"{nope"), 400),
+    ("POST", INFER, raw(b" " * (MAX_REQUEST_BYTES + 1)), 413),
+    ("GET", "/nothing/here", {}, 404),
+    ("GET", "/v2/health/live", {}, 200),
+])
+def test_every_answer_says_nosniff_once(client, method, path, kwargs, status):
+    """No browser may take a JSON answer, or an error echoing a client's text, for HTML or script."""
+    response = send(client, method, path, kwargs)
+    assert response.status_code == status
+    assert response.headers.getlist("X-Content-Type-Options") == ["nosniff"]
 
 
 # --- the OpenAPI contract -------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def header_set(response, name: str) -> set[str]:
 @pytest.mark.parametrize("path", [CLASSIFY, INFER, "/v1/models/flowers/versions/1:predict"])
 def test_an_allowed_origin_passes_the_preflight_with_a_token_and_a_body(client, path):
     response = preflight(client, path, ALLOWED)
-    assert response.status_code == 200
+    assert response.status_code == 204 and not response.data
     assert response.headers["Access-Control-Allow-Origin"] == ALLOWED
     assert {"authorization", "content-type"} <= header_set(response, "Access-Control-Allow-Headers")
     assert "POST" in response.headers["Access-Control-Allow-Methods"]
@@ -76,6 +76,24 @@ def test_no_origin_is_allowed_by_default(dataplane_for):
     for response in (preflight(client, CLASSIFY, ALLOWED),
                      client.get("/v1/models/flowers", headers={"Origin": ALLOWED})):
         assert "Access-Control-Allow-Origin" not in response.headers
+
+
+@pytest.mark.parametrize("path, allow", [(CLASSIFY, "OPTIONS, POST"), (INFER, "OPTIONS, POST"),
+                                         ("/v1/models/flowers", "GET, HEAD, OPTIONS"), ("/", "GET, HEAD, OPTIONS")])
+def test_options_without_cors_is_204_with_the_methods_the_path_takes(dataplane_for, path, allow):
+    """As an HTTP API answers it, with no body typed text/html (Flask's default), and in `Allow` only the methods a
+    view takes: not the PUT, DELETE and PATCH that /v1's catch-all answers with 400."""
+    client = create_app(dataplane_for()).test_client()
+    for response in (client.options(path), preflight(client, path, ALLOWED)):
+        assert (response.status_code, response.data, response.content_type) == (204, b"", None)
+        assert sorted(response.allow) == allow.split(", ")
+
+
+@pytest.mark.parametrize("path, status, error", [("/v1/models/flowers/nope", 400, "Malformed request: OPTIONS "),
+                                                 ("/nothing", 404, "Not found: OPTIONS ")])
+def test_options_on_a_path_no_view_takes_is_the_json_error_of_any_method(dataplane_for, path, status, error):
+    response = create_app(dataplane_for()).test_client().options(path)
+    assert (response.status_code, response.get_json()) == (status, {"error": error + path})
 
 
 def test_a_wildcard_allows_any_origin(dataplane_for):

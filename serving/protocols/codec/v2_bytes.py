@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterable
 
 _LENGTH = struct.Struct("<I")
+PREFIX_BYTES = _LENGTH.size  # the least an element takes, the empty one: what bounds the elements some bytes hold
 
 
 class FramingError(ValueError):

@@ -19,7 +19,6 @@ from msgspec import UNSET, Meta, UnsetType
 from serving.core import PredictResult, invalid
 from serving.protocols.codec import strict_json
 from serving.protocols.codec.strict_json import Charge
-from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.text import ascii_int, b64decode
 from serving.protocols.codec.v2_tensors import (
     NUMPY_TYPES,
@@ -152,11 +151,7 @@ def _decode_input(spec: InferInput, tail: memoryview, offset: int, base64_defaul
         size = parameters.binary_data_size
         if offset + size > len(tail):
             raise invalid(f"Input {name!r}: binary_data_size {size} exceeds the binary data sent")
-        if datatype == "BYTES":
-            # Each element becomes an object many times its 4-byte prefix and few bytes: the request's hold on the
-            # memory budget grows by that before it is decoded.
-            charge(count * STRING_ELEMENT_BYTES)
-        values = decode_raw(tail[offset:offset + size], name, datatype, shape, count)
+        values = decode_raw(tail[offset:offset + size], name, datatype, shape, count, charge)
         offset += size
     elif spec.data is not UNSET:
         flat = _flatten(spec.data)

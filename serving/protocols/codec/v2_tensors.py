@@ -11,7 +11,8 @@ import numpy as np
 
 from serving.core import NUMPY_DTYPES, Code, ServingError, invalid
 from serving.protocols.codec import v2_bytes
-from serving.protocols.codec.tensor_proto import element_count
+from serving.protocols.codec.strict_json import Charge, no_charge
+from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES, element_count
 
 # TF dtype name <-> V2 datatype <-> numpy dtype (BYTES is an object array of bytes).
 DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_UINT32": "UINT32",
@@ -28,10 +29,21 @@ def declared_count(name: str, datatype: str, shape: list[int]) -> int:
     return element_count(name, shape, np.dtype(NUMPY_TYPES.get(datatype, object)).itemsize)
 
 
-def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[int], count: int) -> np.ndarray:
+def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[int], count: int,
+               charge: Charge = no_charge) -> np.ndarray:
     """One tensor's binary data (Triton's binary extension over REST, raw_input_contents over gRPC) as a flat
-    array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES."""
+    array of the `count` elements its shape declares: little-endian numbers, or length-prefixed BYTES.
+
+    A shape that the bytes cannot hold is a malformed request (400, as Triton answers it), found before anything is
+    allocated or charged: numbers must be exactly count x itemsize bytes, and BYTES elements at least their 4-byte
+    prefix each, so that a shape claiming a billion elements over a few bytes is refused as malformed rather than
+    charged to the memory budget (a 413 for a request that is not large). Each BYTES element then becomes an
+    object many times its prefix, which `charge` (the request's memory budget) is told before they are made."""
     if datatype == "BYTES":
+        if count * v2_bytes.PREFIX_BYTES > len(raw):
+            raise invalid(f"Input {name!r}: {len(raw)} bytes cannot hold the {count} BYTES elements of shape "
+                          f"{shape} (each takes at least {v2_bytes.PREFIX_BYTES})")
+        charge(count * STRING_ELEMENT_BYTES)
         try:
             return np.array(v2_bytes.unframe(raw, count), dtype=object)
         except v2_bytes.FramingError as error:

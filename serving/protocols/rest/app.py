@@ -18,6 +18,7 @@ from flask.sessions import NullSession, SessionInterface, SessionMixin
 from flask_cors import CORS
 from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import ClientDisconnected, HTTPException
+from werkzeug.routing import MapAdapter
 
 from serving.config import ProtocolOptions, SecurityOptions
 from serving.core import Code, DataPlane, ServingError
@@ -43,6 +44,8 @@ CORS_PATHS = (r"/v1/.*", r"/v2/.*", r"/petal/.*")
 CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Content-Encoding", HEADER_LENGTH]
 CORS_RESPONSE_HEADERS = ["WWW-Authenticate", "Retry-After", HEADER_LENGTH]
 CORS_PREFLIGHT_CACHE_S = 600
+NOSNIFF = ("X-Content-Type-Options", "nosniff")
+V1_CATCH_ALL = "tfserving_v1.malformed"  # serving/protocols/rest/tfserving.py's rule for /v1 paths no API has
 _NO_SESSION = NullSession()
 
 
@@ -55,6 +58,22 @@ class NormalizeV1Paths:
     def __call__(self, environ, start_response):
         environ["PATH_INFO"] = tfserving.normalize_v1_path(environ.get("PATH_INFO", ""))
         return self.app(environ, start_response)
+
+
+class NoSniff:
+    """WSGI middleware: every answer of the app, JSON errors included, says `X-Content-Type-Options: nosniff`, so
+    that a browser never runs an answer (a JSON error that echoes a client's text, say) as the HTML or script it
+    might sniff in it. One constant header appended to the list werkzeug builds for each response, rather than a
+    Flask hook that sets it through the Headers object on the predict path."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        def start(status, headers, exc_info=None):
+            headers.append(NOSNIFF)
+            return start_response(status, headers, exc_info)
+        return self.app(environ, start)
 
 
 class _NoSessions(SessionInterface):
@@ -70,11 +89,40 @@ class _NoSessions(SessionInterface):
 
 class PetalFlask(flask.Flask):
     """Flask without the per-request work of what Petal does not use: sessions, and async views (Flask asks of
-    every hook and view, on every request, whether it is a coroutine function)."""
+    every hook and view, on every request, whether it is a coroutine function); and with OPTIONS answered as an
+    HTTP API answers it."""
     session_interface = _NoSessions()
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         return func
+
+    def make_default_options_response(self) -> flask.Response:
+        """OPTIONS, which no view takes: 204 without a body, the methods the path's views take in `Allow` (RFC 9110
+        §9.3.7), for a plain OPTIONS and a CORS preflight alike (flask-cors adds its headers to this answer).
+        Flask's default was a 200 typed text/html whose `Allow` had the /v1 catch-all's PUT, DELETE and PATCH; a
+        /v1 path that only the catch-all matches gets its 400 Malformed request, as every other method does."""
+        adapter = flask.globals.request_ctx.url_adapter
+        assert adapter is not None  # routing has matched the request to a rule, or this would not be called
+        methods = served_methods(adapter)
+        if not methods:
+            raise tfserving.malformed()
+        response = self.response_class(status=204)
+        del response.headers["Content-Type"]
+        response.allow.update(methods | {"OPTIONS"})
+        return response
+
+
+def served_methods(adapter: MapAdapter) -> set[str]:
+    """The methods the request's path has a view for, OPTIONS aside, the /v1 catch-all's left out."""
+    served = set()
+    for method in adapter.allowed_methods():
+        try:
+            endpoint, _ = adapter.match(method=method)
+        except HTTPException:
+            continue
+        if endpoint != V1_CATCH_ALL and method != "OPTIONS":
+            served.add(method)
+    return served
 
 
 def allow_origins(app: flask.Flask, origins: tuple[str, ...]) -> None:
@@ -103,7 +151,7 @@ def create_app(dataplane: DataPlane, protocols: ProtocolOptions | None = None,
     app = PetalFlask("petal")
     app.config["MAX_CONTENT_LENGTH"] = protocols.max_request_bytes
     app.url_map.converters.update(segment=tfserving.SegmentConverter)
-    app.wsgi_app = NormalizeV1Paths(app.wsgi_app)  # type: ignore[method-assign]  # Flask's way to add middleware
+    app.wsgi_app = NoSniff(NormalizeV1Paths(app.wsgi_app))  # type: ignore[method-assign]  # Flask's middleware way
 
     authenticator = auth.Authenticator(security.tokens, security.enable_model_control)
     open_endpoints = PROBE_ENDPOINTS | ({"metrics"} if not security.metrics_require_auth else set())

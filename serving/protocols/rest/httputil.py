@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 
 import flask
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
 from serving.core import invalid
 from serving.memory import BODY_BYTES_FACTOR
@@ -18,7 +18,9 @@ from serving.protocols.codec.strict_json import Charge
 
 RETRY_AFTER_SECONDS = "1"
 JSON_MIMETYPE = "application/json"
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# x-gzip: gzip's other name, which RFC 9110 §8.4.1.3 asks a recipient to read as gzip.
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_AS_SENT = frozenset({"", "identity"})  # no Content-Encoding, or RFC 9110's name for none
 _INFLATE_CHUNK = 16 * 1024  # compressed bytes fed per step, so a member's leftover input is never copied whole
 MAX_GZIP_MEMBERS = 10_000  # RFC 1952 allows any number; each costs a decompressor, so a flood of empty ones is a 400
 
@@ -46,12 +48,17 @@ def request_body(request: flask.Request, max_bytes: int, charge: Charge) -> byte
     max_bytes, so a compression bomb gets the same 413 as an oversized body; the inflated bytes are charged to the
     request's memory budget (`charge`). A gzip body may hold several members (RFC 1952 §2.2, as `cat a.gz b.gz`
     makes); all are inflated, under the one limit. A chunked body declares no length: werkzeug reads it up to
-    max_bytes and stops there, with no error, so a longer one came out cut short and was parsed or decoded."""
+    max_bytes and stops there, with no error, so a longer one came out cut short and was parsed or decoded. Any
+    other coding (br, zstd, a list of codings) is a 415 before the body is read (RFC 9110 §15.5.16), where it was
+    once parsed as if it were not encoded."""
+    encoding = request.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+    if encoding not in _WBITS and encoding not in _AS_SENT:
+        raise UnsupportedMediaType(f"Unsupported Content-Encoding {encoding!r}: send the body as is, or with gzip "
+                                   "or deflate")
     data = request.get_data(cache=True)
     if len(data) >= max_bytes and request.content_length is None and request.environ["wsgi.input"].read(1):
         raise RequestEntityTooLarge()
-    encoding = request.environ.get("HTTP_CONTENT_ENCODING", "").lower()
-    if encoding not in _WBITS or not data:
+    if encoding in _AS_SENT or not data:
         return data
     inflated = inflate(data, encoding, max_bytes)
     charge(len(inflated) * BODY_BYTES_FACTOR)
