@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import input_pb2, predict_pb2, prediction_log_pb2
@@ -26,6 +27,10 @@ from tensorflow_serving.apis import input_pb2, predict_pb2, prediction_log_pb2
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME  # noqa: F401 (part of the contract)
 
 SAVED_MODEL_FILE = "saved_model.pb"
+# A SavedModel written as text, which TensorFlow's loader reads where there is no saved_model.pb (its
+# MaybeSavedModelDirectory and ReadSavedModel, which TF Serving's SavedModelBundle loader calls).
+SAVED_MODEL_TEXT_FILE = "saved_model.pbtxt"
+SAVED_MODEL_FILES = (SAVED_MODEL_FILE, SAVED_MODEL_TEXT_FILE)
 TFLITE_FILE = "model.tflite"  # TF Serving's name for a version's TFLite model (--prefer_tflite_model)
 LABELS_FILE = "labels.txt"
 LABELS_ASSET = f"assets/{LABELS_FILE}"
@@ -68,9 +73,9 @@ def version_dirs(base_path: str) -> dict[int, str]:
     """Each published version under a base path and the folder it was found in, as TF Serving finds them.
 
     A version is a child folder whose whole name is a base-10 integer, leading zeros included (`00000123` is
-    version 123), holding a saved_model.pb or a model.tflite; anything else (a staging sibling, a version still
-    being copied) is not a version yet. When two folders name one version (`7` and `007`), the name that sorts
-    last wins, as in TF Serving, and a warning says which folder was ignored.
+    version 123), holding a saved_model.pb, a saved_model.pbtxt or a model.tflite; anything else (a staging
+    sibling, a version still being copied) is not a version yet. When two folders name one version (`7` and
+    `007`), the name that sorts last wins, as in TF Serving, and a warning says which folder was ignored.
     """
     base = base_path.rstrip("/")
     try:
@@ -80,7 +85,7 @@ def version_dirs(base_path: str) -> dict[int, str]:
     by_version: dict[int, list[str]] = {}
     for name in names:
         if name.isascii() and name.isdigit() and any(
-                tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in (SAVED_MODEL_FILE, TFLITE_FILE)):
+                tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in (*SAVED_MODEL_FILES, TFLITE_FILE)):
             by_version.setdefault(int(name), []).append(name)
     for version, found in by_version.items():
         if len(found) > 1:
@@ -105,7 +110,7 @@ def exported_versions(base_path: str) -> list[int]:
 def latest_version(model_path: str) -> str:
     """A version directory as is, or a base path's highest published version (TF Serving's latest policy)."""
     path = model_path.rstrip("/")
-    if tf.io.gfile.exists(f"{path}/{SAVED_MODEL_FILE}"):
+    if any(tf.io.gfile.exists(f"{path}/{name}") for name in SAVED_MODEL_FILES):
         return path
     versions = version_dirs(path)
     if not versions:
@@ -169,8 +174,14 @@ def _tensor_info(proto) -> TensorInfo:
 
 
 def read_saved_model(version_dir: str) -> saved_model_pb2.SavedModel:
+    """A version's saved_model.pb, or else its saved_model.pbtxt, in TensorFlow's order (ReadSavedModel); with
+    neither, TensorFlow's NotFoundError for the binary file."""
     saved_model = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(f"{version_dir.rstrip('/')}/{SAVED_MODEL_FILE}", "rb") as f:
+    base = version_dir.rstrip("/")
+    if not tf.io.gfile.exists(f"{base}/{SAVED_MODEL_FILE}") and tf.io.gfile.exists(f"{base}/{SAVED_MODEL_TEXT_FILE}"):
+        with tf.io.gfile.GFile(f"{base}/{SAVED_MODEL_TEXT_FILE}") as f:
+            return text_format.Parse(f.read(), saved_model)
+    with tf.io.gfile.GFile(f"{base}/{SAVED_MODEL_FILE}", "rb") as f:
         saved_model.ParseFromString(f.read())
     return saved_model
 

@@ -174,7 +174,7 @@ class Repository(Generic[S]):
             models = list(self._models.items())
         for name, model in models:
             self._reconcile(name, model)
-        self._drop_removed()
+        self._unload_removed()
         if self._changed:
             self._changed = False
             self._settle_heap()
@@ -198,10 +198,16 @@ class Repository(Generic[S]):
         with self._lock:
             wanted = {m.name: m for m in config.model_config_list.config}
             for name, model_config in wanted.items():
-                if name in self._models:
-                    self._models[name].config = model_config
-                else:
+                model = self._models.get(name)
+                if model is None:
                     self._models[name] = _Model(config=model_config)
+                    continue
+                if model.config is None:
+                    # Listed again after its removal: a new TF Serving source would try every version afresh, a
+                    # failed one included.
+                    for entry in model.versions.values():
+                        entry.files = ()
+                model.config = model_config
             for name, model in self._models.items():
                 if name not in wanted:
                     model.config = None
@@ -278,16 +284,17 @@ class Repository(Generic[S]):
             self._on_unload(name, version)
         logger.info("version unloaded", extra={"fields": {"model": name, "version": version}})
 
-    def _drop_removed(self) -> None:
+    def _unload_removed(self) -> None:
+        """Unload the versions of the models a config left out. Their states stay, END from then on: TF Serving's
+        ServableStateMonitor never forgets a version's last state (core/servable_state_monitor.cc; ServerCore never
+        calls ForgetUnloadedServableStates), so the status of a removed model lists its versions as END rather than
+        answering NOT_FOUND."""
         with self._lock:
             removed = [(n, m) for n, m in self._models.items() if m.config is None]
         for name, model in removed:
             for version, entry in list(model.versions.items()):
                 if entry.status.state == VersionState.AVAILABLE:
                     self._unload(name, model, version)
-            with self._lock:
-                if model.config is None:
-                    self._models.pop(name, None)
 
     # --- queries -----------------------------------------------------------------------------------------------
 
@@ -331,17 +338,21 @@ class Repository(Generic[S]):
                     for name, m in sorted(self._models.items()) if m.config is not None}
 
     def status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
+        """Every version's last state, newest first, or the one named: TF Serving's GetModelStatus reads them from
+        its ServableStateMonitor (model_servers/get_model_status_impl.cc), which keeps a removed model's versions,
+        END, so they are answered here too."""
         version = self.resolve_version(name, version, label)
         with self._lock:
-            model = self._model(name)
+            model = self._models.get(name)
+            versions = model.versions if model is not None else {}
             if version is not None:
-                entry = model.versions.get(version)
+                entry = versions.get(version)
                 if entry is None:
                     raise not_found(f"Could not find version {version} of model {name}")
                 return [entry.status]
-            if not model.versions:
+            if not versions:
                 raise not_found(f"Could not find any versions of model {name}")
-            return [model.versions[v].status for v in sorted(model.versions, reverse=True)]
+            return [versions[v].status for v in sorted(versions, reverse=True)]
 
     def serving(self, name: str, version: int | None = None, label: str | None = None) -> _Serving[S]:
         """The servable a request runs on, held by a `with` block so that an unload waits for the request to

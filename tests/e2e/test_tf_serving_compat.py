@@ -14,7 +14,11 @@ The server reads a `--model_config_file` of these models, built in a temp folder
   `--prefer_tflite_model`, which (in TF Serving's SavedModelBundleFactory as in serving/core/loaders.py) picks
   TFLite only for a version folder that has a `model.tflite`: the others, which have none, stay on SavedModels;
 - `keras_export`: a Keras 3 `model.export()` (y = x . [1, 2, 3] + 0.5, tests/foreign_models.py);
-with `--grpc_socket_path` and `--enable_batching`.
+- `half_plus_three_pbtxt`: half_plus_three with its SavedModel as text, `saved_model.pbtxt` and no
+  `saved_model.pb`, which TensorFlow's loader reads (cc/saved_model/loader.cc MaybeSavedModelDirectory and
+  ReadSavedModel, called by TF Serving's session_bundle_util.cc LoadSessionBundleOrSavedModelBundle);
+with `--grpc_socket_path`, `--enable_batching` and `--enable_model_control` (for the reload RPC, which one test
+calls and which leaves the server's own config in place at its end).
 
 Expected values come from TF Serving's own documentation and tests (tensorflow/serving, read at commit 9d981c5):
 - `model_servers/tensorflow_model_server_test.py` and its test client: Predict of x = [2.0] (DT_FLOAT, shape [1])
@@ -42,6 +46,8 @@ Expected values come from TF Serving's own documentation and tests (tensorflow/s
 from __future__ import annotations
 
 import base64
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -50,7 +56,7 @@ import numpy as np
 import pytest
 import requests
 import tensorflow as tf
-from google.protobuf import json_format
+from google.protobuf import json_format, text_format
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -58,11 +64,13 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
     inference_pb2,
     input_pb2,
+    model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
 )
+from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import tf_serving_models
 from foreign_models import example, keras_export
@@ -76,6 +84,7 @@ REGRESS = "tensorflow/serving/regress"
 F32 = np.float32
 HPT, H3, TF2, TFLITE, KERAS = ("half_plus_two", "half_plus_three", "half_plus_two_tf2", "half_plus_two_tflite",
                                "keras_export")
+PBTXT = "half_plus_three_pbtxt"
 
 
 # --- the server -------------------------------------------------------------------------------------------------
@@ -88,8 +97,9 @@ def server(tmp_path_factory):
     tf_serving_models.half_plus_two_tf2(str(root / TF2 / "00000123"))
     tf_serving_models.half_plus_two_tflite(str(root / TFLITE / "00000123"))
     keras_export(str(root / KERAS))
+    text_saved_model(tf_serving_models.half_plus_three(str(root / PBTXT / "00000123")))
     others = "".join(f'  config {{ name: "{name}" base_path: "{root / name}" model_platform: "tensorflow" }}\n'
-                     for name in (H3, TF2, TFLITE, KERAS))
+                     for name in (H3, TF2, TFLITE, KERAS, PBTXT))
     config = root / "models.config"
     config.write_text(f"""model_config_list {{
   config {{ name: "{HPT}" base_path: "{root / HPT}" model_platform: "tensorflow"
@@ -99,10 +109,21 @@ def server(tmp_path_factory):
 """)
     socket_path = str(root / "petal.sock")
     with run_server(f"--model_config_file={config}", f"--grpc_socket_path={socket_path}", "--enable_batching",
-                    "--prefer_tflite_model", "--file_system_poll_wait_seconds=0") as srv:
+                    "--prefer_tflite_model", "--file_system_poll_wait_seconds=0",
+                    "--enable_model_control") as srv:
         srv.socket_path = socket_path
         srv.models_root = root
         yield srv
+
+
+def text_saved_model(version_dir: str) -> None:
+    """Rewrite a version's saved_model.pb as the saved_model.pbtxt holding the same SavedModel proto."""
+    binary = os.path.join(version_dir, "saved_model.pb")
+    with open(binary, "rb") as f:
+        saved_model = saved_model_pb2.SavedModel.FromString(f.read())
+    with open(os.path.join(version_dir, "saved_model.pbtxt"), "w") as f:
+        f.write(text_format.MessageToString(saved_model))
+    os.remove(binary)
 
 
 @pytest.fixture(scope="module")
@@ -327,6 +348,54 @@ def version_status(*versions: int) -> dict:
 ], ids=["hpt all", "hpt 123", "hpt 124", "hpt stable", "hpt canary", "h3", "tf2", "tflite", "keras"])
 def test_model_status(client, spec, versions):
     assert client.status(spec) == version_status(*versions)
+
+
+def test_a_version_holding_saved_model_pbtxt_is_served(client):
+    """TensorFlow's SavedModel loader, TF Serving's, reads saved_model.pbtxt where there is no saved_model.pb, so
+    such a version folder is a version: half_plus_three's answer of tensorflow_model_server_test_client.py."""
+    assert client.status(Spec(PBTXT)) == version_status(123)
+    assert client.predict(Spec(PBTXT), {"x": np.array([2.0], F32)}, ["y"]) == {"y": [4.0]}
+
+
+def eventually(holds, timeout_s: float = TIMEOUT) -> None:
+    """Wait until `holds()` is true, a refused call counting as false: the reload RPC answers before the models it
+    names have loaded or unloaded. Past the deadline the last refusal is raised, or AssertionError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if holds():
+                return
+        except Refused:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def test_a_model_left_out_of_a_reloaded_config_answers_its_versions_end(server, clients):
+    """core/servable_state_monitor.cc keeps every version's last state (ServerCore never calls
+    ForgetUnloadedServableStates) and get_model_status_impl.cc answers from it: a model a reload leaves out is no
+    longer served, but its status lists its versions END, over REST and gRPC, rather than NOT_FOUND."""
+    original = text_format.Parse((server.models_root / "models.config").read_text(),
+                                  model_server_config_pb2.ModelServerConfig())
+    extended = model_server_config_pb2.ModelServerConfig()
+    extended.CopyFrom(original)
+    extended.model_config_list.config.add(name="removed", base_path=str(server.models_root / H3),
+                                          model_platform="tensorflow")
+    reload = clients["grpc_tcp"].model.HandleReloadConfigRequest
+    try:
+        reload(model_management_pb2.ReloadConfigRequest(config=extended), timeout=TIMEOUT)
+        eventually(lambda: clients["rest"].predict(Spec("removed"), {"x": np.array([2.0], F32)}, ["y"]) == {"y": [4.0]})
+    finally:
+        reload(model_management_pb2.ReloadConfigRequest(config=original), timeout=TIMEOUT)
+    end = {"model_version_status": [{"version": "123", "state": "END",
+                                     "status": {"error_code": "OK", "error_message": ""}}]}
+    for client in clients.values():
+        eventually(lambda client=client: client.status(Spec("removed")) == end)
+        assert client.status(Spec("removed", version=123)) == end
+        assert refused(client, client.predict, Spec("removed"), {"x": np.array([2.0], F32)}, ["y"]) == (
+            expected_status(client, "NOT_FOUND"), "Servable not found for request: Latest(removed)")
 
 
 # --- metadata ---------------------------------------------------------------------------------------------------

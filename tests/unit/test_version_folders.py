@@ -49,3 +49,16 @@ def test_a_folder_without_a_model_is_no_version_and_latest_version_says_so(tmp_p
     assert model_format.exported_versions(str(tmp_path / "missing")) == []
     with pytest.raises(FileNotFoundError, match="no SavedModel"):
         model_format.latest_version(str(tmp_path / "7"))
+
+
+def test_a_folder_holding_saved_model_pbtxt_is_a_version_read_as_text(tmp_path):
+    """TensorFlow's loader (MaybeSavedModelDirectory, ReadSavedModel), which TF Serving's calls, takes the
+    SavedModel as text where there is no saved_model.pb; the binary file wins where there are both."""
+    os.makedirs(tmp_path / "3")
+    (tmp_path / "3" / "saved_model.pbtxt").write_text('saved_model_schema_version: 1 meta_graphs { '
+                                                      'meta_info_def { tags: "serve" } }')
+    assert model_format.version_dirs(str(tmp_path)) == {3: f"{tmp_path}/3"}
+    assert model_format.latest_version(str(tmp_path / "3")) == f"{tmp_path}/3"
+    assert list(model_format.read_saved_model(f"{tmp_path}/3").meta_graphs[0].meta_info_def.tags) == ["serve"]
+    (tmp_path / "3" / model_format.SAVED_MODEL_FILE).write_bytes(b"")
+    assert not model_format.read_saved_model(f"{tmp_path}/3").meta_graphs

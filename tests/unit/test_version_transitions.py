@@ -383,7 +383,9 @@ def test_a_model_whose_first_load_hangs_is_loading_and_unavailable(models):
 
 # --- config reloads ---------------------------------------------------------------------------------------------
 
-def test_a_reloaded_config_without_a_model_unloads_it_and_forgets_it(models):
+def test_a_reloaded_config_without_a_model_unloads_it_and_keeps_its_versions_end(models):
+    """TF Serving's ServableStateMonitor keeps every version's last state: a removed model is no longer served or
+    named, but its status lists its versions as END (get_model_status_impl.cc reads the monitor)."""
     models.publish("a", 1)
     models.publish("b", 1)
     repo = models.repository(a="", b="")
@@ -393,17 +395,33 @@ def test_a_reloaded_config_without_a_model_unloads_it_and_forgets_it(models):
     assert not_served(repo, "b") == (Code.NOT_FOUND, "Servable not found for request: Latest(b)")
     repo.poll_now()
     assert models.events[-2:] == ["unloaded b 1", "settled"]
-    assert refusal(repo.status, "b") == (Code.NOT_FOUND, "Could not find any versions of model b")
+    assert repo.status("b") == [VersionStatus(1, END)]
+    assert repo.status("b", 1) == [VersionStatus(1, END)]
+    assert refusal(repo.status, "b", 2) == (Code.NOT_FOUND, "Could not find version 2 of model b")
     assert repo.ready() and served(repo, "a") == 1
     models.publish("b", 2)
     repo.reload_config(models.config(a="", b=""))
     repo.poll_now()
-    assert states(repo, "b") == {2: AVAILABLE}, "a model added again starts afresh, without its old versions"
+    assert states(repo, "b") == {2: AVAILABLE, 1: END}, "a model added again keeps its old versions' states"
     empty = model_server_config_pb2.ModelServerConfig()
     empty.model_config_list.SetInParent()
     repo.reload_config(empty)
     repo.poll_now()
     assert repo.model_names() == [] and not repo.ready()
+
+
+def test_a_removed_models_failed_version_is_tried_again_when_the_model_is_listed_again(models):
+    """A model listed again gets a new source in TF Serving, which aspires every version on disk afresh."""
+    models.publish("m", 1)
+    models.fail("m", 1, ValueError("not yet"))
+    repo = models.repository(m="")
+    repo.poll_now()
+    repo.reload_config(models.config())
+    repo.poll_now()
+    del models.failures[("m", 1)]
+    repo.reload_config(models.config(m=""))
+    repo.poll_now()
+    assert models.events.count("failed m 1") == 1 and states(repo) == {1: AVAILABLE}
 
 
 def test_the_poll_thread_applies_a_reloaded_config_at_once(models):
