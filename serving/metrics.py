@@ -49,6 +49,8 @@ from prometheus_client.samples import Sample
 # TF Serving's request/runtime latency buckets are exponential in microseconds.
 LATENCY_BUCKETS_US = tuple(10.0 * 1.8 ** i for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2 ** i) for i in range(13))
+# TF Serving's request_example_counts: 1, 2, 4, ..., 16384, then +Inf (servables/tensorflow/util.cc).
+EXAMPLE_COUNT_BUCKETS = tuple(float(2 ** i) for i in range(15))
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How the gauges here combine the worker processes' values (a subset of prometheus_client.Gauge's modes).
@@ -127,6 +129,7 @@ class _Metric:
 
     def __init__(self, name: str, help: str, labelnames: tuple[str, ...], metric: Any):
         self.name = name
+        self.family = name  # the name prometheus_client collects it under
         self.help = help
         self.labelnames = labelnames
         self._metric = metric
@@ -178,15 +181,16 @@ class Counter(_Metric):
                  registry: prometheus_client.CollectorRegistry):
         super().__init__(name, help, labelnames,
                          prometheus_client.Counter(name, help, labelnames, registry=registry))
+        self.family = name.removesuffix("_total")  # prometheus_client strips it (TF Serving's name keeps it)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         self._child(labels).inc(amount)
 
     def value(self, **labels: str) -> float:
-        return self._local(self.name + "_total", **labels)
+        return self._local(self.family + "_total", **labels)
 
     def _shown(self, sample: Sample) -> bool:
-        return sample.name == self.name + "_total"  # not `_created`; rendered under the family's own name
+        return sample.name == self.family + "_total"  # not `_created`; rendered under the name it was given
 
 
 class Gauge(_Metric):
@@ -352,6 +356,15 @@ class Metrics:
                                      zero_is_absent=True)
         self.warmup_requests = Counter(":petal:serving:warmup_requests", "Warmup records replayed.",
                                        ("model_name", "version"), registry)
+        self.warmup_latency = Histogram(tfs + "model_warmup_latency", "Distribution of wall time (in "
+                                        "microseconds) for warming up the model.", ("model_path", "status"),
+                                        LATENCY_BUCKETS_US, registry)
+        self.warmup_records_read = Counter(tfs + "model_warmup_records_read", "Total number of warmup records "
+                                           "read during model warmup.", ("model_path", "status"), registry)
+        self.example_counts = Histogram(tfs + "request_example_counts", "The number of tensorflow.Examples per "
+                                        "request.", ("model",), EXAMPLE_COUNT_BUCKETS, registry)
+        self.example_count_total = Counter(tfs + "request_example_count_total", "The total number of "
+                                           "tensorflow.Examples.", ("model",), registry)
         # Per model version, for Triton's statistics extension (`version_statistics` reads them back).
         version = ("model_name", "version")
         self.version_requests = Summary(":petal:serving:version_request_duration_us", "Wall time (in microseconds) "
@@ -374,7 +387,8 @@ class Metrics:
         self._all: list[_Metric] = [
             self.request_count, self.request_latency, self.runtime_latency, self.queuing_latency,
             self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.memory_held,
-            self.memory_budget, self.load_latency, self.loaded_versions, self.warmup_requests, self.version_requests,
+            self.memory_budget, self.load_latency, self.loaded_versions, self.warmup_requests, self.warmup_latency,
+            self.warmup_records_read, self.example_counts, self.example_count_total, self.version_requests,
             self.version_queue, self.version_compute, self.version_executions, self.version_inferences,
             self.version_last_inference]
         self._versions: dict[tuple[str, int], _VersionSeries] = {}
@@ -461,5 +475,5 @@ class Metrics:
             samples.setdefault(family.name, []).extend(family.samples)
         lines: list[str] = []
         for metric in self._all:
-            lines += metric.render(samples.get(metric.name, []))
+            lines += metric.render(samples.get(metric.family, []))
         return "\n".join(lines) + "\n"

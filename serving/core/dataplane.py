@@ -228,6 +228,9 @@ class DataPlane:
                 else:
                     outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
                     results.append(examples.result(task, outputs, len(serialized)))
+            if api == "multi_inference":  # TF Serving counts the examples of MultiInference alone (multi_inference.cc)
+                self.metrics.example_counts.observe(len(serialized), model=model)
+                self.metrics.example_count_total.inc(len(serialized), model=model)
             return servable.version, results
 
     def classify_images(self, model: str, images_bytes: list[bytes], version: int | None = None,

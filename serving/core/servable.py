@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
+import tensorflow as tf
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core import examples
 from serving.core.batchable import unbatched_reason
-from serving.core.errors import invalid
+from serving.core.errors import ServingError, invalid
 from serving.core.loaders import LoadOptions, load
+from serving.core.repository import load_failure
 from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -66,17 +69,31 @@ class Servable:
 
     def warmup(self, metrics: Metrics) -> int:
         """Replay the version's warmup requests (Predict, Classify, Regress, MultiInference); a failure fails
-        the load."""
-        count = 0
-        for request in model_format.read_warmup(self.path):
-            if request.examples is None:
-                key, _ = self.signature(request.signature_name)
-                self.run(key, request.inputs)
-            for method, signature_name in request.tasks:
-                key, info = self.signature(signature_name)
-                examples.check_signature(method, info)
-                self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
-            count += 1
+        the load. A version with a warmup file is timed and counted in TF Serving's metrics
+        (servables/tensorflow/saved_model_warmup_util.cc), labelled with its folder and the warmup's status as
+        absl prints it ("OK", or "CODE: message"), so dashboards written for TF Serving see failed warmups."""
+        if not tf.io.gfile.exists(f"{self.path.rstrip('/')}/{model_format.WARMUP_FILE}"):
+            return 0
+        start, count, status = time.perf_counter(), 0, "OK"
+        try:
+            for request in model_format.read_warmup(self.path):
+                if request.examples is None:
+                    key, _ = self.signature(request.signature_name)
+                    self.run(key, request.inputs)
+                for method, signature_name in request.tasks:
+                    key, info = self.signature(signature_name)
+                    examples.check_signature(method, info)
+                    self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
+                count += 1
+        except ServingError as error:
+            status = f"{error.code.name}: {error.message}"
+            raise
+        except Exception as error:
+            status = ": ".join(load_failure(error))
+            raise
+        finally:
+            metrics.warmup_latency.observe((time.perf_counter() - start) * 1e6, model_path=self.path, status=status)
+            metrics.warmup_records_read.inc(count, model_path=self.path, status=status)
         metrics.warmup_requests.inc(count, model_name=self.model, version=str(self.version))
         self.warmup_records = count
         return count

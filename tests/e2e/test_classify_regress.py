@@ -136,11 +136,22 @@ def test_grpc_regress_with_context(stub):
     assert response.model_spec.signature_name == "regress_x_to_y2"
 
 
-def test_grpc_multi_inference_runs_every_task_on_the_same_examples(stub):
+def example_counts(server) -> tuple[float, float]:
+    """TF Serving's request_example_count_total and request_example_counts' count for half_plus_two (0 before any)."""
+    text = requests.get(f"{server.rest_url}/monitoring/prometheus/metrics", timeout=30).text
+    found = [re.search(rf'^:tensorflow:serving:{name}{{model="half_plus_two"}} (\S+)$', text, re.M)
+             for name in ("request_example_count_total", "request_example_counts_count")]
+    return tuple(float(m.group(1)) if m else 0.0 for m in found)  # type: ignore[return-value]
+
+
+def test_grpc_multi_inference_runs_every_task_on_the_same_examples(server, stub):
     request = multi_request(("half_plus_two", REGRESS_METHOD, "regress_x_to_y"),
                             ("half_plus_two", REGRESS_METHOD, "regress_x_to_y2"),
                             ("half_plus_two", CLASSIFY_METHOD, "classify_x_to_y"))
+    examples_before, requests_before = example_counts(server)
     response = stub.MultiInference(request, timeout=60)
+    # TF Serving counts a MultiInference's examples once, however many tasks (multi_inference.cc).
+    assert example_counts(server) == (examples_before + 2, requests_before + 1)
     assert [r.model_spec.signature_name for r in response.results] == [
         "regress_x_to_y", "regress_x_to_y2", "classify_x_to_y"]
     assert {r.model_spec.version.value for r in response.results} == {123}

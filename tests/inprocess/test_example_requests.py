@@ -51,6 +51,19 @@ def test_classify_regress_and_multi_inference_warmup_records_are_replayed(tmp_pa
     write_warmup(version_dir, [prediction_log_pb2.PredictionLog(session_run_log=prediction_log_pb2.SessionRunLog())])
     with pytest.raises(ValueError, match=r"^Unsupported log_type for warmup: session_run_log$"):
         Servable("m", 1, version_dir).warmup(metrics)
+    # TF Serving's warmup metrics (saved_model_warmup_util.cc), per folder and absl status: the records read before
+    # the warmup ended (the failed Regress was the second record) and one latency per warmup.
+    read = {sample.labels["status"].split(": ", 1)[0]: (sample.labels, sample.value)
+            for family in metrics.registry.collect() if family.name == ":tensorflow:serving:model_warmup_records_read"
+            for sample in family.samples if sample.name.endswith("_total")}
+    assert {code: value for code, (_, value) in read.items()} == {"OK": 3, "INVALID_ARGUMENT": 1, "UNKNOWN": 0}
+    assert {labels["model_path"] for labels, _ in read.values()} == {version_dir}
+    assert read["INVALID_ARGUMENT"][0]["status"].startswith(
+        "INVALID_ARGUMENT: No regression inputs found in SignatureDef: ")
+    assert read["UNKNOWN"][0]["status"] == "UNKNOWN: Failed to load: ValueError: Unsupported log_type for warmup: " \
+        "session_run_log"
+    assert metrics.warmup_latency.count(model_path=version_dir, status="OK") == 1
+
 
 
 def test_serialized_examples_and_text_count_no_pixels():

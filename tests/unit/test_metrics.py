@@ -51,9 +51,28 @@ def test_counter_exposition_keeps_tf_serving_names():
         f'{TFS}request_count{{model_name="flowers",status="OK"}} 2',
     ]
     assert ':petal:serving:warmup_requests{model_name="flowers",version="1"} 200\n' in text
-    assert "_total" not in text and "_created" not in text
+    assert "_total" not in text.replace(TFS + "request_example_count_total", "") and "_created" not in text
     assert metrics.request_count.value(model_name="flowers", status="OK") == 2
     assert metrics.request_count.value(model_name="flowers", status="NOT_FOUND") == 0
+
+
+def test_a_counter_named_with_total_as_tf_serving_names_it_keeps_the_name():
+    """TF Serving's request_example_count_total (servables/tensorflow/util.cc), which prometheus_client would
+    collect as `request_example_count`; and request_example_counts' buckets, powers of 2 up to 16384."""
+    metrics = Metrics()
+    metrics.example_count_total.inc(3, model="m")
+    metrics.example_counts.observe(3, model="m")
+    text = metrics.render()
+    assert block(text, TFS + "request_example_count_total") == [
+        f"# HELP {TFS}request_example_count_total The total number of tensorflow.Examples.",
+        f"# TYPE {TFS}request_example_count_total counter",
+        f'{TFS}request_example_count_total{{model="m"}} 3',
+    ]
+    assert metrics.example_count_total.value(model="m") == 3
+    buckets = [line for line in block(text, TFS + "request_example_counts") if "_bucket" in line]
+    assert [line.split('le="')[1].split('"')[0] for line in buckets] == \
+        [str(2 ** i) for i in range(15)] + ["+Inf"]
+    assert [line.rsplit(" ", 1)[1] for line in buckets] == ["0", "0"] + ["1"] * 14
 
 
 def test_histogram_exposition():
@@ -113,7 +132,7 @@ def test_instances_are_isolated_in_process():
     assert second.rejected.value(model_name="a", reason="queue_full") == 0
     assert ':petal:serving:rejected_requests{' not in second.render()
     # Every family is declared, even with no samples yet.
-    assert Metrics().render().count("# TYPE ") == 19
+    assert Metrics().render().count("# TYPE ") == 23
 
 
 def test_version_statistics_add_up_each_versions_requests_and_executions():
@@ -136,6 +155,7 @@ def _worker(requests: int, queued: int, ready, done) -> None:
     for _ in range(requests):
         metrics.request_count.inc(model_name="flowers", status="OK")
         metrics.request_latency.observe(15.0, model_name="flowers", API="predict", entrypoint="REST")
+        metrics.example_count_total.inc(2, model="flowers")
     metrics.queue_depth.inc(queued, model_name="flowers")
     metrics.loaded_versions.set(1, model_name="flowers", version="1")
     ready.set()
@@ -185,7 +205,8 @@ def test_workers_aggregate_through_the_directory(tmp_path):
     # livemax: two workers serving the same version still say 1, and only one series, with no pid label.
     assert block(text, ":petal:serving:loaded_versions")[2:] == [
         ':petal:serving:loaded_versions{model_name="flowers",version="1"} 1']
-    assert "_total" not in text and "pid=" not in text
+    assert f'{TFS}request_example_count_total{{model="flowers"}} 14\n' in text
+    assert "_total" not in text.replace(TFS + "request_example_count_total", "") and "pid=" not in text
 
     assert ':petal:serving:batch_queue_depth{model_name="flowers"} 4\n' in one_gone  # the dead worker's 3 is gone
     assert f'{TFS}request_count{{model_name="flowers",status="OK"}} 7\n' in one_gone  # counters keep its requests
