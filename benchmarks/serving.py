@@ -777,14 +777,15 @@ def main() -> int:
     limit_rounds: dict[str, list[list[Limit]]] = {name: [] for name in sets}
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
-            launcher.running([f"--model_base_path={base}", *args.petal_args.split(), *flags], cwd=ROOT))
+            launcher.running(["--model_name=flowers", f"--model_base_path={base}", *args.petal_args.split(), *flags],
+                             cwd=ROOT))
         server = petal()
         others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:
             others["ab"] = petal("--port=0", *args.ab_args.split())
         before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
-            [f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()], cwd=tree,
-            python=interpreter(tree)))
+            ["--model_name=flowers", f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()],
+            cwd=tree, python=interpreter(tree)))
             for tree in args.before}
         baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
         pid = server.proc.pid

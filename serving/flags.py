@@ -25,6 +25,8 @@ from serving.config_files import (
 from serving.memory import resolve_memory_budget
 from serving.model_server_flags import UNIMPLEMENTED
 
+TF_SERVING_MODEL_NAME = "default"  # tensorflow_model_server's --model_name
+
 
 def parse_bool(text: str) -> bool:
     """TF Serving's boolean flags: `--flag`, `--flag=true`, `--flag=false` (and 1/0)."""
@@ -58,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="also serve gRPC on this Unix socket file (with --workers > 1, one worker serves it)")
     flag("--rest_api_port", type=int, default=d.rest_api_port, help="REST (and KServe V2) port")
     flag("--host", default=d.host, help="address both ports bind to (Petal)")
-    flag("--model_name", default=DEFAULT_MODEL_NAME)
-    flag("--model_base_path", default=DEFAULT_MODEL_BASE_PATH)
+    flag("--model_name", help=f"default: {TF_SERVING_MODEL_NAME!r} with --model_base_path (tensorflow_model_server's "
+         f"name), else {DEFAULT_MODEL_NAME!r}")
+    flag("--model_base_path", help=f"default: Petal's shipped model, {DEFAULT_MODEL_BASE_PATH}")
     flag("--model_config_file", default=d.model_config_file,
          help="text-format ModelServerConfig; overrides --model_name/base_path")
     flag("--model_config_file_poll_wait_seconds", type=float, default=d.model_config_file_poll_wait_seconds,
@@ -197,6 +200,15 @@ def parse_args(argv: list[str]) -> ServerOptions:
     return options
 
 
+def single_model(name: str | None, base_path: str | None) -> tuple[str, str]:
+    """--model_name and --model_base_path as tensorflow_model_server takes them: a base path given without a name
+    is the model "default" (main.cc), so a TF Serving client's /v1/models/default finds it; neither given serves
+    Petal's shipped flowers model under its own name."""
+    if base_path is None:
+        return name or DEFAULT_MODEL_NAME, DEFAULT_MODEL_BASE_PATH
+    return name or TF_SERVING_MODEL_NAME, base_path
+
+
 def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
     """What the files the flags name hold, by the option that holds it: each file read once, here."""
     values: dict[str, Any] = {}
@@ -205,7 +217,7 @@ def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
     if args.model_config_file:
         values["model_config"] = read_model_config(args.model_config_file, args.model_root)
     else:
-        values["model_config"] = model_config_for(args.model_name, args.model_base_path)
+        values["model_config"] = model_config_for(*single_model(args.model_name, args.model_base_path))
         check_model_config(values["model_config"], args.model_root)
     if args.batching_parameters_file:
         values["batching"] = read_batching_parameters(args.batching_parameters_file)

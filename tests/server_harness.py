@@ -178,7 +178,8 @@ def run_batching_server(root, batching_config: str, *petal_serve_args: str) -> I
     batching = os.path.join(root, "batching.config")
     with open(batching, "w") as f:
         f.write(batching_config)
-    with run_server(f"--model_base_path={os.path.join(root, 'flowers')}", f"--batching_parameters_file={batching}",
+    with run_server("--model_name=flowers", f"--model_base_path={os.path.join(root, 'flowers')}",
+                    f"--batching_parameters_file={batching}",
                     "--port=0", *petal_serve_args) as server:
         yield server
 

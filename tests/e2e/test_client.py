@@ -175,7 +175,8 @@ def test_grpc_retries_unavailable_from_a_full_batch_queue(tmp_path, images, expe
     batching.write_text("max_batch_size { value: 2 } batch_timeout_micros { value: 200000 } "
                         "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 }")
     burst = 16
-    with run_server(f"--model_base_path={base}", f"--batching_parameters_file={batching}") as srv:
+    with run_server("--model_name=flowers",
+                    f"--model_base_path={base}", f"--batching_parameters_file={batching}") as srv:
         with Client(srv.grpc_target, use_grpc=True, retries=0, timeout=30) as client, \
                 concurrent.futures.ThreadPoolExecutor(burst) as pool:
             outcomes = list(pool.map(lambda _: _outcome(client, images[:1]), range(burst)))

@@ -18,7 +18,8 @@ from serving import launcher
 def test_a_sigterm_as_the_worker_is_forked_stops_the_server_at_once(tmp_path):
     base = tiny_model_base()
     for attempt in range(3):
-        server = launcher.start([f"--model_base_path={base}"], str(tmp_path / f"server-{attempt}.log"), cwd=ROOT)
+        server = launcher.start(["--model_name=flowers",
+                                 f"--model_base_path={base}"], str(tmp_path / f"server-{attempt}.log"), cwd=ROOT)
         try:
             deadline = time.monotonic() + 60
             while not children(server.proc.pid) and server.proc.poll() is None and time.monotonic() < deadline:

@@ -21,7 +21,8 @@ BODY_SHARE = CLAIMS * 4 * CLAIM + 100
 
 @pytest.fixture(scope="module")
 def server():
-    with run_server(f"--model_base_path={tiny_model_base()}", "--port=0", f"--max_connections={MAX_CONNECTIONS}",
+    with run_server("--model_name=flowers",
+                    f"--model_base_path={tiny_model_base()}", "--port=0", f"--max_connections={MAX_CONNECTIONS}",
                     f"--max_request_bytes={4 * CLAIM}", f"--max_image_pixels={PIXELS}",
                     f"--max_inflight_pixels={PIXELS}", f"--memory_budget_bytes={PIXELS * 4 + BODY_SHARE}") as running:
         yield running

@@ -34,7 +34,7 @@ def test_a_server_that_exits_is_an_error_with_its_log_tail():
 
 def test_a_server_not_ready_in_time_is_an_error_and_is_stopped(tmp_path):
     log_path = str(tmp_path / "server.log")
-    server = launcher.start([f"--model_base_path={tiny_model_base()}"], log_path, cwd=ROOT)
+    server = launcher.start(["--model_name=flowers", f"--model_base_path={tiny_model_base()}"], log_path, cwd=ROOT)
     try:
         with pytest.raises(launcher.ServerStartError, match=r"^`petal serve` not ready after 0\.2s; log "):
             launcher.wait_ready(server, lambda _: False, timeout_s=0.2)

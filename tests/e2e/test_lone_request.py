@@ -46,7 +46,7 @@ def predict(session: requests.Session, url: str, body: dict) -> None:
 
 @pytest.mark.serial  # on a loaded machine the tiny model's calls outgrow the loop's 10 ms bound and are handed over
 def test_one_client_never_wakes_a_batch_thread_and_several_do():
-    with run_server(f"--model_base_path={tiny_model_base()}") as server:
+    with run_server("--model_name=flowers", f"--model_base_path={tiny_model_base()}") as server:
         worker = worker_pid(server.proc.pid)
         url, body = f"{server.rest_url}/v1/models/flowers:predict", {"instances": [b64(jpeg())]}
         with requests.Session() as session:
@@ -75,7 +75,7 @@ def test_one_client_never_wakes_a_batch_thread_and_several_do():
 
 @pytest.mark.serial
 def test_a_lone_grpc_predict_runs_the_graph_on_its_own_thread():
-    with run_server(f"--model_base_path={tiny_model_base()}") as server, \
+    with run_server("--model_name=flowers", f"--model_base_path={tiny_model_base()}") as server, \
             grpc.insecure_channel(server.grpc_target) as channel:
         worker = worker_pid(server.proc.pid)
         stub, request = prediction_service_pb2_grpc.PredictionServiceStub(channel), predict_request()

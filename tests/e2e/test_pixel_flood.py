@@ -32,7 +32,8 @@ def image() -> bytes:
 
 @pytest.fixture(scope="module")
 def server():
-    with run_server(f"--model_base_path={tiny_model_base()}", "--tensorflow_inter_op_parallelism=8",
+    with run_server("--model_name=flowers",
+                    f"--model_base_path={tiny_model_base()}", "--tensorflow_inter_op_parallelism=8",
                     f"--max_image_pixels={SIDE * SIDE}", f"--memory_budget_bytes={BUDGET}",
                     "--rest_api_timeout_in_ms=15000") as server:
         pid = worker_pid(server.proc.pid)

@@ -66,7 +66,7 @@ def lifecycle_server(root, warmup_records: int = 0):
     batching = root / "batching.config"
     batching.write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 300000 } "
                         "num_batch_threads { value: 2 }")
-    return run_server(f"--model_base_path=file://{base}", "--file_system_poll_wait_seconds=0.3",
+    return run_server("--model_name=flowers", f"--model_base_path=file://{base}", "--file_system_poll_wait_seconds=0.3",
                       f"--batching_parameters_file={batching}", "--graceful_timeout=20", "--port=0",
                       wait_ready=False)
 

@@ -61,7 +61,7 @@ def server(pki, root, tmp_path_factory):
     folder = tmp_path_factory.mktemp("secure")
     tokens = write(folder / "tokens", f"# comment\n{PREDICT_TOKEN}\n\n{ADMIN_TOKEN} admin\n")
     ssl_config = write(folder / "ssl", pki.ssl_config())
-    with run_server(f"--model_base_path={root / 'flowers'}", f"--ssl_config_file={ssl_config}",
+    with run_server("--model_name=flowers", f"--model_base_path={root / 'flowers'}", f"--ssl_config_file={ssl_config}",
                     f"--auth_token_file={tokens}", f"--model_root={root}", "--access_log", "--metrics_require_auth",
                     f"--request_header_timeout={HEADER_TIMEOUT_S}", tls_context=pki.client_context()) as srv:
         yield srv
@@ -70,7 +70,7 @@ def server(pki, root, tmp_path_factory):
 @pytest.fixture(scope="module")
 def mtls_server(pki, root, tmp_path_factory):
     config = write(tmp_path_factory.mktemp("mtls") / "ssl", pki.ssl_config(client_verify=True))
-    with run_server(f"--model_base_path={root / 'flowers'}", f"--ssl_config_file={config}",
+    with run_server("--model_name=flowers", f"--model_base_path={root / 'flowers'}", f"--ssl_config_file={config}",
                     tls_context=pki.client_context(with_certificate=True)) as srv:
         yield srv
 

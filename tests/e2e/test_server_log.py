@@ -43,7 +43,7 @@ def records(log: str) -> list[dict]:
 
 
 def test_tensorflow_a_crashed_workers_last_words_and_gunicorn_reach_the_log_as_json_records():
-    with run_server(f"--model_base_path={tiny_model_base()}") as server:
+    with run_server("--model_name=flowers", f"--model_base_path={tiny_model_base()}") as server:
         url = f"{server.rest_url}/v1/models/flowers:predict"
         statuses = {requests.post(url, json={"instances": [b64(body)]}, timeout=60).status_code
                     for body in corrupt_jpegs()}

@@ -18,7 +18,8 @@ MAX_CONNECTIONS = 400
 
 @pytest.fixture(scope="module")
 def server():
-    with run_server(f"--model_base_path={tiny_model_base()}", "--port=0", f"--max_connections={MAX_CONNECTIONS}",
+    with run_server("--model_name=flowers",
+                    f"--model_base_path={tiny_model_base()}", "--port=0", f"--max_connections={MAX_CONNECTIONS}",
                     *TIMEOUTS) as running:
         yield running
 

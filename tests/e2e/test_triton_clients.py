@@ -201,8 +201,10 @@ def raw_request(model: str, name: str, datatype: str, shape: list[int], raw: byt
     (raw_request("half", "x", "FP32", [1 << 40], b"\0" * 8), "INVALID_ARGUMENT", "do not hold shape"),
     (raw_request("flowers", "image_bytes", "BYTES", [1], struct.pack("<I", 1 << 30) + b"abc"),
      "INVALID_ARGUMENT", "overruns"),
-    (raw_request("flowers", "image_bytes", "BYTES", [2], struct.pack("<I", 3) + b"abc"), "INVALID_ARGUMENT",
+    (raw_request("flowers", "image_bytes", "BYTES", [2], struct.pack("<I", 4) + b"abcd"), "INVALID_ARGUMENT",
      "do not match shape"),
+    (raw_request("flowers", "image_bytes", "BYTES", [2], struct.pack("<I", 3) + b"abc"), "INVALID_ARGUMENT",
+     "7 bytes cannot hold the 2 BYTES elements"),
     (raw_request("half", "x", "FP32", [-1], b""), "INVALID_ARGUMENT", "negative"),
     (raw_request("half", "x", "COMPLEX", [1], b"\0" * 8), "INVALID_ARGUMENT", "unsupported datatype"),
     (raw_request("half", "x", "FP64", [1], b"\0" * 8), "OK", ""),  # converted to the signature's FP32, as REST

@@ -54,8 +54,9 @@ def test_a_server_whose_worker_is_replaced_serves_on_from_the_new_worker(flags, 
     copy_model(str(tmp_path / "flowers"), 1)
     tls = flags == ["--ssl_config_file=SSL"]
     context = pki.client_context() if tls else None
-    with run_server(f"--model_base_path={tmp_path / 'flowers'}", *(f.replace("SSL", str(tmp_path / "ssl"))
-                                                                   for f in flags), tls_context=context) as server:
+    flags = [f.replace("SSL", str(tmp_path / "ssl")) for f in flags]
+    with run_server("--model_name=flowers", f"--model_base_path={tmp_path / 'flowers'}", *flags,
+                    tls_context=context) as server:
         for _ in range(5):
             urllib.request.urlopen(f"{server.rest_url}/v1/models/flowers", timeout=10, context=context).close()
         counted = request_count(server.rest_url, context)
@@ -70,8 +71,8 @@ def test_a_server_whose_worker_is_replaced_serves_on_from_the_new_worker(flags, 
 
 
 def test_a_server_stopped_while_its_worker_loads_exits_0_without_an_abort(tmp_path):
-    server = launcher.start([f"--model_base_path={ROOT}/exported_models/flowers"], str(tmp_path / "server.log"),
-                            cwd=ROOT)
+    server = launcher.start(["--model_name=flowers", f"--model_base_path={ROOT}/exported_models/flowers"],
+                            str(tmp_path / "server.log"), cwd=ROOT)
     try:
         wait_for(lambda: children(server.proc.pid) or server.proc.poll() is not None, 60, "no worker was forked")
         time.sleep(1.0)  # the worker is importing TensorFlow or loading the model

@@ -37,8 +37,8 @@ def probe(tmp_path, *flags: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-c", PROBE, *flags, "--tensorflow_thread_nice=0",
-                          f"--model_base_path={tmp_path}/m"], capture_output=True, text=True, timeout=120, env=env,
-                         cwd=ROOT)
+                          "--model_name=flowers", f"--model_base_path={tmp_path}/m"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -163,7 +163,8 @@ def test_a_model_that_fails_to_load_says_why_in_one_line_then_ready_once_a_versi
     (base / "1").mkdir(parents=True)
     (base / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
     lines: list[str] = []
-    worker = started(Worker(options(f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.2"),
+    worker = started(Worker(options("--model_name=flowers", f"--model_base_path={base}",
+                                    "--file_system_poll_wait_seconds=0.2"),
                             announce=lines.append))
     worker.serve()
     wait_for(lambda: lines)
@@ -180,7 +181,7 @@ def test_of_several_workers_the_last_to_start_says_so_and_only_once(tmp_path, st
     lines: list[str] = []
 
     def worker() -> Worker:
-        return started(Worker(options(f"--model_base_path={tmp_path / 'm'}", "--workers=2",
+        return started(Worker(options("--model_name=flowers", f"--model_base_path={tmp_path / 'm'}", "--workers=2",
                                       runtime_dir=str(tmp_path)), announce=lines.append))
     (tmp_path / "m").mkdir()
     worker().serve()

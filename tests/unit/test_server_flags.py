@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from exported_models import DEFAULT_MODEL_BASE_PATH
 from server_harness import ROOT
 from serving import threads
 from serving.config import BatchingOptions, option_defaults
@@ -157,6 +158,19 @@ def test_parser_defaults_are_the_server_options_defaults():
             assert action.default == defaults[action.dest], action.dest
             checked += 1
     assert checked > 35
+
+
+@pytest.mark.parametrize("flags, name, base_path", [
+    ([], "flowers", DEFAULT_MODEL_BASE_PATH),
+    (["--model_base_path=/models/mine"], "default", "/models/mine"),
+    (["--model_name=mine", "--model_base_path=/models/mine"], "mine", "/models/mine"),
+    (["--model_name=mine"], "mine", DEFAULT_MODEL_BASE_PATH),
+], ids=["neither", "base-path-alone", "both", "name-alone"])
+def test_a_base_path_without_a_name_is_the_model_tf_serving_calls_default(flags, name, base_path):
+    """tensorflow_model_server's --model_name defaults to "default" (main.cc), so a TF Serving client's
+    /v1/models/default finds the model; with neither flag Petal serves its own shipped model as flowers."""
+    models = parse_args(flags).dataplane.model_config.model_config_list.config
+    assert [(m.name, m.base_path) for m in models] == [(name, base_path)]
 
 
 # --- far deadlines: a wait past threading.TIMEOUT_MAX raised OverflowError, which became INTERNAL or a 500 -------
