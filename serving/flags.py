@@ -205,8 +205,8 @@ def single_model(name: str | None, base_path: str | None) -> tuple[str, str]:
     is the model "default" (main.cc), so a TF Serving client's /v1/models/default finds it; neither given serves
     Petal's shipped flowers model under its own name."""
     if base_path is None:
-        return name or DEFAULT_MODEL_NAME, DEFAULT_MODEL_BASE_PATH
-    return name or TF_SERVING_MODEL_NAME, base_path
+        return DEFAULT_MODEL_NAME if name is None else name, DEFAULT_MODEL_BASE_PATH
+    return TF_SERVING_MODEL_NAME if name is None else name, base_path  # an empty name is refused as TF Serving does
 
 
 def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
