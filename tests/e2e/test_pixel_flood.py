@@ -3,14 +3,12 @@ several clients at once, over REST JSON, V2 binary, multipart `:classify_image` 
 budget (serving/core/budget.py) keeps the server's peak within its idle size plus the budget (and the 15% its
 estimate may be off by); every request is answered 200, 503 or 504; and once the flood is over nothing of the budget
 is still held."""
-import re
 import time
 
 import pytest
-import requests
 
 from load_tests.pixel_flood import flat_jpeg, flood, flood_requests, reset_peak, status_kb
-from server_harness import run_server, tiny_model_base, worker_pid
+from server_harness import memory_held, run_server, tiny_model_base, worker_pid
 
 SIDE = 6000  # 36 Mpx: under the default --max_image_pixels
 MB = 2**20
@@ -42,11 +40,6 @@ def server():
         yield server
 
 
-def held(server) -> dict[str, str]:
-    text = requests.get(server.rest_url + "/monitoring/prometheus/metrics", timeout=10).text
-    return dict(re.findall(r':petal:serving:memory_budget_held_bytes\{kind="(\w+)"\} (\S+)', text))
-
-
 @pytest.mark.parametrize("protocol", ["rest", "v2", "multipart", "grpc"])
 def test_the_memory_budget_bounds_the_server_under_a_flood(server, image, protocol):
     grpc = protocol == "grpc"
@@ -60,6 +53,6 @@ def test_the_memory_budget_bounds_the_server_under_a_flood(server, image, protoc
     assert grown <= BUDGET * 1.15, f"the worker grew by {grown / MB:.0f} MB over its idle size"
     # a request answered 504 may leave its image decoding (a TF call cannot be stopped), which then gives it back
     deadline = time.monotonic() + 30
-    while held(server) != {"bodies": "0", "pixels": "0"} and time.monotonic() < deadline:
+    while memory_held(server) != {"bodies": 0, "pixels": 0} and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert held(server) == {"bodies": "0", "pixels": "0"}, "every request gave back what it held"
+    assert memory_held(server) == {"bodies": 0, "pixels": 0}, "every request gave back what it held"
