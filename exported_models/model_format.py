@@ -197,12 +197,14 @@ def meta_graph(saved_model: saved_model_pb2.SavedModel, tags: set[str] | None = 
     raise ValueError(f"no meta graph with tags {sorted(tags)}; the SavedModel has {available}")
 
 
-def signature_infos(graph: meta_graph_pb2.MetaGraphDef) -> dict[str, SignatureInfo]:
-    """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports."""
+def signature_infos(graph: meta_graph_pb2.MetaGraphDef, internal: bool = False) -> dict[str, SignatureInfo]:
+    """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports. The internal
+    ones (TF2's `__saved_model_init_op`, which runs once at load) only with `internal`: TF Serving's metadata lists
+    the whole map, and no request can call them."""
     return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
                                outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
                                method_name=sig.method_name, defaults=dict(sig.defaults))
-            for key, sig in graph.signature_def.items() if key not in _INTERNAL_SIGNATURES}
+            for key, sig in graph.signature_def.items() if internal or key not in _INTERNAL_SIGNATURES}
 
 
 def read_signatures(version_dir: str, tags: set[str] | None = None) -> dict[str, SignatureInfo]:
@@ -224,7 +226,7 @@ class WarmupRequest:
 
 def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest]) -> str:
     """Write the warmup file as `PredictionLog` records, the format TF Serving replays too."""
-    path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
+    path = _warmup_path(version_dir)
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
         for warmup in requests[:MAX_WARMUP_RECORDS]:
@@ -238,13 +240,21 @@ def write_warmup(version_dir: str, model_name: str, requests: list[WarmupRequest
     return path
 
 
+def has_warmup(version_dir: str) -> bool:
+    """Whether the version carries warmup requests: TF Serving times and counts a warmup only then."""
+    return tf.io.gfile.exists(_warmup_path(version_dir))
+
+
+def _warmup_path(version_dir: str) -> str:
+    return f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
+
+
 def read_warmup(version_dir: str) -> Iterator[WarmupRequest]:
     """The version's warmup requests (at most MAX_WARMUP_RECORDS): Predict, Classify, Regress and MultiInference
     records, as TF Serving replays them (any other record is an error); none when it has no warmup file."""
-    path = f"{version_dir.rstrip('/')}/{WARMUP_FILE}"
-    if not tf.io.gfile.exists(path):
+    if not has_warmup(version_dir):
         return
-    for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS).as_numpy_iterator():
+    for record in tf.data.TFRecordDataset(_warmup_path(version_dir)).take(MAX_WARMUP_RECORDS).as_numpy_iterator():
         log = prediction_log_pb2.PredictionLog.FromString(record)
         kind = log.WhichOneof("log_type")
         if kind == "predict_log":

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 MIN_BODY_RATE = 64 * 1024  # bytes/s; each such chunk received buys one more second of body time
 COALESCE_LIMIT = 64 * 1024  # a larger first body write goes after the header block rather than being copied
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
+            b"X-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
 
 
 class ReadDeadline(NoMoreData, RequestTimeout):

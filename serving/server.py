@@ -100,11 +100,12 @@ def _worker_exit(server, gunicorn_worker) -> None:
 def _json_error_page(sock, status_int: int, reason: str, mesg: str) -> None:
     """gunicorn's answer to a request it cannot parse (a Content-Length that is not a number, headers past their
     limit, a Transfer-Encoding it does not know) in Petal's form, `{"error": ...}`, as every other error on every
-    API is, rather than gunicorn's HTML page. gunicorn writes it through `gunicorn.util.write_error`, for which it
-    has no hook, so `main` puts this in its place before the workers are forked."""
+    API is, rather than gunicorn's HTML page, and with the `nosniff` the app's answers carry (it may echo the
+    client's text). gunicorn writes it through `gunicorn.util.write_error`, for which it has no hook, so `main`
+    puts this in its place before the workers are forked."""
     body = json.dumps({"error": mesg or reason}).encode()
     head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")
+            f"X-Content-Type-Options: nosniff\r\nContent-Length: {len(body)}\r\n\r\n")
     gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
 
 

@@ -9,7 +9,8 @@ process's `Worker` and nothing else:
   --model_config_file and on what a sibling's reload RPC publishes; it returns the REST app.
 - `serve` (gunicorn's post_worker_init): with several workers, the load waited for before the REST port accepts;
   gRPC opened once the load is over (serving/core/startup.py), and the line that says the server is ready.
-- `reload`: the reload RPC and the watches apply a config through it; with several workers it is passed on.
+- `reload`: the reload RPC and the watches apply a config through it, and it returns once the models new to the
+  config are AVAILABLE in this worker, as TF Serving's ReloadConfig does; with several workers it is passed on.
 - `drain` (SIGTERM): readiness false, gRPC refuses new RPCs and lets running ones finish within
   --graceful_timeout, and the REST port stops accepting while its requests in flight finish.
 - `exit` (gunicorn's worker_exit): gRPC stopped, the DataPlane closed.
@@ -31,7 +32,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServerOptions, bind_address
 from serving.config_files import read_model_config
-from serving.core import DataPlane, ServingError, Startup, VersionState
+from serving.core import Code, DataPlane, ServingError, Startup, VersionState
 from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.rest.app import create_app
@@ -179,16 +180,25 @@ class Worker:
 
     # --- reload ---------------------------------------------------------------------------------------------------
 
-    def reload(self, config: model_server_config_pb2.ModelServerConfig, publish: bool = True) -> None:
-        """Serve these models from now on (the reload RPC; ServingError INVALID_ARGUMENT for a config that breaks a
-        rule); `publish` passes the config on to the other workers, if any."""
-        self.dataplane.reload_config(config)
-        if publish and self.options.process.reload_dir:
-            publish_config(os.path.join(self.options.process.reload_dir, RELOAD_FILE), config)
+    def reload(self, config: model_server_config_pb2.ModelServerConfig, deadline: float | None = None,
+               ended: Callable[[], bool] = lambda: False, publish: bool = True) -> None:
+        """Serve these models from now on, returning once each model new to the config is AVAILABLE in this worker,
+        or failing as DataPlane.reload_config says (the reload RPC; INVALID_ARGUMENT for a config that breaks a
+        rule). The wait ends at `deadline`, once `ended()` or once the worker drains. `publish` passes the config on
+        to the other workers, if any, as soon as it is taken: they load alongside this one, and are not waited
+        for."""
+        def applied() -> None:
+            if publish and self.options.process.reload_dir:
+                publish_config(os.path.join(self.options.process.reload_dir, RELOAD_FILE), config)
+
+        self.dataplane.reload_config(config, deadline, lambda: self._stopping.is_set() or ended(), applied)
 
     def _watch_config(self, path: str, seconds: float, last: bytes) -> None:
         """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one
-        (once)."""
+        (once). A changed one is applied and its new models waited for up to one poll interval, so that a model
+        that failed to load is logged in TF Serving's words; one still loading then is left to load while the
+        watch goes on. (TF Serving's poll thread waits in ReloadConfig without a limit: a new model with no version
+        on disk stops its polling, and its reload RPCs, until one comes.)"""
         while not self._stopping.wait(seconds):
             if not os.path.exists(path) and not last:
                 continue
@@ -201,10 +211,16 @@ class Worker:
             text = config.SerializeToString(deterministic=True)
             if text != last:
                 try:
-                    self.reload(config, publish=False)
-                except ServingError as error:  # check_model_config's rules, e.g. a base path outside --model_root
-                    logger.warning("model config refused; keeping the current one",
-                                   extra={"fields": {"path": path, "error": error.message}})
+                    self.reload(config, time.monotonic() + seconds, publish=False)
+                except ServingError as error:
+                    fields = {"path": path, "error": error.message}
+                    if error.code == Code.INVALID_ARGUMENT:  # check_model_config: a base path outside --model_root, say
+                        logger.warning("model config refused; keeping the current one", extra={"fields": fields})
+                    elif error.code == Code.UNKNOWN:
+                        logger.warning("model config reloaded; a new model did not become available",
+                                       extra={"fields": fields})
+                    else:  # the wait's deadline, or the drain
+                        logger.info("model config reloaded; new models still loading", extra={"fields": fields})
                 else:
                     logger.info("model config reloaded",
                                 extra={"fields": {"path": path, "models": self.dataplane.model_names()}})

@@ -289,10 +289,12 @@ class DataPlane:
     def status(self, model: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
         return self.repository.status(model, version, label)
 
-    def signatures(self, model: str, version: int | None = None,
-                   label: str | None = None) -> tuple[int, dict[str, SignatureInfo]]:
+    def signatures(self, model: str, version: int | None = None, label: str | None = None,
+                   internal: bool = False) -> tuple[int, dict[str, SignatureInfo]]:
+        """The signatures requests can call; with `internal`, the SavedModel's whole signature_def map, which TF
+        Serving's metadata lists (a TF2 model's `__saved_model_init_op` too)."""
         with self.repository.serving(model, version, label) as servable:
-            return servable.version, servable.signatures
+            return servable.version, servable.metadata if internal else servable.signatures
 
     def draining(self) -> bool:
         """Whether the worker has begun to drain (`Startup.drain`): readiness is false from then on."""
@@ -354,14 +356,21 @@ class DataPlane:
         until the deadline; whether it started."""
         return self.startup.wait(deadline)
 
-    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Serve these models from now on. A config that breaks a rule a config file must keep
-        (`check_model_config`) is INVALID_ARGUMENT."""
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig, deadline: float | None = None,
+                      ended: Callable[[], bool] = lambda: False, applied: Callable[[], None] = lambda: None) -> None:
+        """Serve these models from now on, and return once each model new to the config has an AVAILABLE version,
+        as TF Serving's ServerCore::ReloadConfig does, so that a client can use them as soon as its reload returns
+        (UNKNOWN if one fails to load; DEADLINE_EXCEEDED at `deadline`, UNAVAILABLE once `ended()`:
+        Repository.wait_available). A config that breaks a rule a config file must keep (`check_model_config`) is
+        INVALID_ARGUMENT. `applied` runs once the config is taken, before the wait: the worker passes it on to its
+        siblings there, so that they load alongside this one."""
         try:
             check_model_config(config, self.options.model_root)
         except ValueError as error:
             raise invalid(str(error)) from None
-        self.repository.reload_config(config)
+        reload = self.repository.reload_config(config)
+        applied()
+        self.repository.wait_available(reload, deadline, ended)
 
     def close(self) -> None:
         self.repository.stop()

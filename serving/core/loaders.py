@@ -50,9 +50,11 @@ class LoadOptions:
 
 
 class Loaded(Protocol):
-    """A loaded model as the servable runs it: `run` fetches only `output_names` (aliases of the signature)."""
+    """A loaded model as the servable runs it: `run` fetches only `output_names` (aliases of the signature).
+    `metadata` is the SavedModel's whole signature_def map, as TF Serving's metadata lists it."""
     format: str
     signatures: dict[str, SignatureInfo]
+    metadata: dict[str, SignatureInfo]
     static_shapes: bool
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]: ...
@@ -96,6 +98,7 @@ class FunctionModel:
 
     def __init__(self, path: str, graph, tags: frozenset[str]):
         self._loaded = tf.saved_model.load(path, tags=sorted(tags))
+        self.metadata = model_format.signature_infos(graph, internal=True)
         self.signatures = {key: info for key, info in model_format.signature_infos(graph).items()
                            if key in self._loaded.signatures}
         self._calls = {key: _FlatCall(self._loaded.signatures[key]) for key in self.signatures}
@@ -160,6 +163,7 @@ class SessionModel:
         with deprecation.silence():  # TF's notice that the TF1 loader is deprecated would print at every load
             graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
         self.signatures = model_format.signature_infos(graph)
+        self.metadata = model_format.signature_infos(graph, internal=True)
         self._callables: dict[tuple[str, tuple[str, ...], bool], Callable[..., list[np.ndarray]]] = {}
         self._lock = threading.Lock()
 

@@ -12,6 +12,10 @@ raises if it cannot. The DataPlane passes the real one (serving/core/servable.py
 fails or hangs on cue tests the transitions in milliseconds. After a pass that loaded or unloaded anything,
 `settle_heap` runs (by default serving/core/heap.py's, which keeps GC pauses short with real models loaded).
 The rules are TF Serving's: docs/protocols.md, 'Versions'.
+
+A reload waits for the models new to its config as TF Serving's ServerCore::ReloadConfig does
+(`wait_available`): every state change is counted, so that the wait looks only at the transitions after the config
+was applied, as ServerCore's fresh ServableStateMonitor does.
 """
 from __future__ import annotations
 
@@ -27,12 +31,17 @@ from typing import Generic, Protocol, TypeVar
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import heap
-from serving.core.errors import ServingError, invalid, not_found, unavailable
+from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
 from serving.core.source import candidate_versions, files_signature
 from serving.metrics import Metrics
+from serving.threads import timeout_until
 
 logger = logging.getLogger(__name__)
+
+# How often a reload's wait looks whether its call has ended (the client cancelled, the server drains): a state
+# change wakes it at once, an ending is only polled.
+WAIT_SLICE_S = 0.25
 
 
 class VersionState(enum.StrEnum):
@@ -83,18 +92,38 @@ def load_failure(error: Exception) -> tuple[str, str]:
     return "UNKNOWN", f"Failed to load: {message}"
 
 
+def not_available_message(failed: dict[str, VersionStatus]) -> str:
+    """ServerCore::WaitUntilModelsAvailable's error, `N model(s) did not become available: {{{name: M version: V}
+    due to error: CODE: message}, }`: each version in braces, written as ServableId::DebugString writes it (in
+    braces too), its error as an absl::Status prints, for a version that has one."""
+    listed = ""
+    for name, status in failed.items():
+        error = "" if status.error_code == "OK" else f" due to error: {status.error_code}: {status.error_message}"
+        listed += f"{{{{name: {name} version: {status.version}}}{error}}}, "
+    return f"{len(failed)} model(s) did not become available: {{{listed}}}"
+
+
 @dataclass
 class _Version(Generic[S]):
     status: VersionStatus
     servable: S | None = None
     files: tuple = ()  # files_signature when its load began: a failed version is retried once this changes
     refs: int = 0  # requests in flight on it: an unload waits for them to finish
+    changed: int = 0  # the repository's transition count when its status was last set
 
 
 @dataclass
 class _Model(Generic[S]):
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, _Version[S]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reload:
+    """A config handed to the repository: the models it lists that the running config did not, which are the ones
+    a reload waits for (TF Serving's NewModelNamesInSourceConfig), and the transition count when it was applied."""
+    new_models: tuple[str, ...]
+    mark: int
 
 
 class _Serving(Generic[S]):
@@ -140,6 +169,7 @@ class Repository(Generic[S]):
         self._settle_heap = settle_heap
         self._lock = threading.Condition()
         self._models: dict[str, _Model[S]] = {}
+        self._transitions = 0  # every version state set so far (`_transition`)
         self._wake = threading.Event()
         self._stopped = False
         self._first_pass_done = False
@@ -157,11 +187,50 @@ class Repository(Generic[S]):
         self._stopped = True
         self._wake.set()
 
-    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Load the models listed, unload the ones left out (on the poll thread, after this returns). The caller
-        has checked the config (serving/config.py `check_model_config`)."""
-        self._set_config(config)
+    def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> Reload:
+        """Load the models listed, unload the ones left out (on the poll thread, after this returns); what to pass
+        `wait_available`. The caller has checked the config (serving/config.py `check_model_config`)."""
+        reload = self._set_config(config)
         self._wake.set()
+        return reload
+
+    def wait_available(self, reload: Reload, deadline: float | None, ended: Callable[[], bool]) -> None:
+        """Return once each model new to the reloaded config has an AVAILABLE version. As TF Serving's
+        ServableStateMonitor::WaitUntilServablesReachStateWithTimeout, a model is settled by its first version to
+        reach AVAILABLE or END after the reload, and once all are, an END one fails the wait: UNKNOWN, in
+        ServerCore::WaitUntilModelsAvailable's words. Unlike TF Serving's (servable_state_waiter_timeout is infinite
+        in tensorflow_model_server), the wait never outlives its caller: DEADLINE_EXCEEDED at `deadline`
+        (time.monotonic(); None: none), UNAVAILABLE once `ended()` says so (the call was cancelled, the worker
+        drains) or the repository stops. A model that a later config left out is no longer waited for."""
+        with self._lock:
+            while True:
+                settled = {name: self._settled(name, reload.mark) for name in reload.new_models}
+                waiting = [name for name, (done, _) in settled.items() if not done]
+                if not waiting:
+                    break
+                if self._stopped or ended():
+                    raise unavailable(f"Stopped waiting for model(s) {', '.join(waiting)} to become available: the "
+                                      "call ended or the server is stopping")
+                left = timeout_until(deadline)
+                if left is not None and left <= 0:
+                    raise deadline_exceeded(f"Deadline exceeded waiting for model(s) {', '.join(waiting)} to become "
+                                            "available")
+                self._lock.wait(WAIT_SLICE_S if left is None else min(WAIT_SLICE_S, left))
+        failed = {name: status for name, (_, status) in sorted(settled.items()) if status is not None}
+        if failed:
+            raise ServingError(Code.UNKNOWN, not_available_message(failed))
+
+    def _settled(self, name: str, mark: int) -> tuple[bool, VersionStatus | None]:
+        """Whether a model a reload waits for is settled, and if so without an AVAILABLE version, the END status
+        that settled it (the first version to end after `mark`). The lock is held."""
+        model = self._models.get(name)
+        if model is None or model.config is None:
+            return True, None
+        if any(entry.status.state == VersionState.AVAILABLE for entry in model.versions.values()):
+            return True, None
+        ended = [entry for entry in model.versions.values()
+                 if entry.changed > mark and entry.status.state == VersionState.END]
+        return (True, min(ended, key=lambda entry: entry.changed).status) if ended else (False, None)
 
     def wait_first_pass(self) -> None:
         """Block until the startup pass has loaded, warmed or failed every version it aspired to."""
@@ -194,9 +263,10 @@ class Repository(Generic[S]):
                 self._wake.wait()
             self._wake.clear()
 
-    def _set_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+    def _set_config(self, config: model_server_config_pb2.ModelServerConfig) -> Reload:
         with self._lock:
             wanted = {m.name: m for m in config.model_config_list.config}
+            new = tuple(name for name in wanted if name not in self._models or self._models[name].config is None)
             for name, model_config in wanted.items():
                 model = self._models.get(name)
                 if model is None:
@@ -211,6 +281,7 @@ class Repository(Generic[S]):
             for name, model in self._models.items():
                 if name not in wanted:
                     model.config = None
+            return Reload(new_models=new, mark=self._transitions)
 
     # --- transitions -------------------------------------------------------------------------------------------
 
@@ -246,6 +317,7 @@ class Repository(Generic[S]):
                 logger.info("retrying a failed version whose files changed",
                             extra={"fields": {"model": name, "version": version}})
             model.versions[version] = entry
+            self._transition(entry, entry.status)
         started = time.monotonic()
         try:
             servable = self._load_version(name, version, path)
@@ -254,15 +326,14 @@ class Repository(Generic[S]):
             logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
                                                                      "code": code, "error": message}})
             with self._lock:
-                entry.status = VersionStatus(version, VersionState.END, code, message)
+                self._transition(entry, VersionStatus(version, VersionState.END, code, message))
             return
         elapsed = time.monotonic() - started
         self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)
         self._metrics.loaded_versions.set(1, model_name=name, version=str(version))
         with self._lock:
             entry.servable = servable
-            entry.status = VersionStatus(version, VersionState.AVAILABLE)
-            self._lock.notify_all()
+            self._transition(entry, VersionStatus(version, VersionState.AVAILABLE))
         logger.info("version available", extra={"fields": {"model": name, "version": version, "path": path,
                                                          "format": servable.format,
                                                          "load_seconds": round(elapsed, 3),
@@ -273,16 +344,23 @@ class Repository(Generic[S]):
         self._changed = True
         with self._lock:
             entry = model.versions[version]
-            entry.status = VersionStatus(version, VersionState.UNLOADING)
+            self._transition(entry, VersionStatus(version, VersionState.UNLOADING))
             deadline = time.monotonic() + self._drain_seconds
             while entry.refs > 0 and (left := deadline - time.monotonic()) > 0:
                 self._lock.wait(left)
             entry.servable = None
-            entry.status = VersionStatus(version, VersionState.END)
+            self._transition(entry, VersionStatus(version, VersionState.END))
         self._metrics.loaded_versions.remove(model_name=name, version=str(version))
         if self._on_unload is not None:
             self._on_unload(name, version)
         logger.info("version unloaded", extra={"fields": {"model": name, "version": version}})
+
+    def _transition(self, entry: _Version[S], status: VersionStatus) -> None:
+        """Set a version's state, the lock held: counted, so that a reload tells the transitions after it from the
+        ones before, and announced to whoever waits for one."""
+        self._transitions += 1
+        entry.status, entry.changed = status, self._transitions
+        self._lock.notify_all()
 
     def _unload_removed(self) -> None:
         """Unload the versions of the models a config left out. Their states stay, END from then on: TF Serving's

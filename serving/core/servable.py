@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import tensorflow as tf
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
@@ -42,6 +41,7 @@ class Servable:
         self._loaded = load(path, options)
         self.format = self._loaded.format
         self.signatures = self._loaded.signatures
+        self.metadata = self._loaded.metadata  # what the metadata APIs list: TF Serving's whole signature_def map
         self.static_shapes = self._loaded.static_shapes
         self.class_names = model_format.class_names(path)
         self.warmup_records = 0  # replayed by `warmup`
@@ -72,7 +72,7 @@ class Servable:
         the load. A version with a warmup file is timed and counted in TF Serving's metrics
         (servables/tensorflow/saved_model_warmup_util.cc), labelled with its folder and the warmup's status as
         absl prints it ("OK", or "CODE: message"), so dashboards written for TF Serving see failed warmups."""
-        if not tf.io.gfile.exists(f"{self.path.rstrip('/')}/{model_format.WARMUP_FILE}"):
+        if not model_format.has_warmup(self.path):
             return 0
         start, count, status = time.perf_counter(), 0, "OK"
         try:

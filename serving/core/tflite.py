@@ -54,6 +54,7 @@ class TfLiteModel:
             self.signatures = {DEFAULT_SIGNATURE: SignatureInfo(
                 inputs={name: _tensor_info(d) for name, d in inputs.items()},
                 outputs={name: _tensor_info(d) for name, d in outputs.items()}, method_name=PREDICT_METHOD)}
+        self.metadata = self.signatures
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         """TFLite reports bad input (a dtype, a shape its kernels refuse) as ValueError or RuntimeError."""

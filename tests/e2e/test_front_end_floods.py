@@ -97,6 +97,7 @@ def test_when_every_connection_is_in_a_request_a_new_one_gets_503_and_none_is_cu
         refused = requests.get(server.rest_url + "/healthz", timeout=5)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
         assert "Too many connections" in refused.json()["error"]
+        assert refused.headers["X-Content-Type-Options"] == "nosniff"
         for i, sock in enumerate(busy):
             sock.sendall(parts[i % 2][1])
         assert [response(sock)[0] for sock in busy] == [200] * MAX_CONNECTIONS

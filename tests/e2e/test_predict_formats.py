@@ -145,7 +145,7 @@ def test_metadata_carries_signature_defaults(server, stub):
         "DT_FLOAT", {"dim": [{"size": "1", "name": ""}], "unknown_rank": False}, [4.0])
     assert default["string_val"] == [] and default["version_number"] == 0  # fields without presence printed too
     assert {name: sig["defaults"] for name, sig in signatures.items() if name != "serving_default"} == {
-        "classify": {}, "regress": {}, "multi": {}}
+        "classify": {}, "regress": {}, "multi": {}, "__saved_model_init_op": {}}
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     request.model_spec.name = "defaults"
     signature_map = get_model_metadata_pb2.SignatureDefMap()

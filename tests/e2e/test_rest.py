@@ -212,6 +212,7 @@ def test_a_request_the_parser_refuses_gets_json_too(server, case):
     lines = head.decode("latin-1").split("\r\n")
     assert lines[0].startswith(f"HTTP/1.1 {status} "), answer
     assert "Content-Type: application/json" in lines, answer
+    assert "X-Content-Type-Options: nosniff" in lines, answer
     assert fragment.lower() in json.loads(body)["error"].lower(), answer
 
 

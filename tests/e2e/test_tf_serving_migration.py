@@ -82,7 +82,14 @@ class Aborted(Exception):
 
 
 class AbortingContext:
-    """What a unary servicer asks of grpc's ServicerContext when it fails: abort, raising as grpc's does."""
+    """What a unary servicer asks of grpc's ServicerContext: abort when it fails, raising as grpc's does; and, for
+    the reload's wait, the call's deadline (none) and whether it is still on (it is)."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def is_active(self) -> bool:
+        return True
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)

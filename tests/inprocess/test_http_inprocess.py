@@ -145,7 +145,7 @@ def test_metadata(client, path):
     body = ok_json(client.get(path))
     assert body["model_spec"] == {"name": "flowers", "signature_name": "", "version": "1"}
     signatures = body["metadata"]["signature_def"]["signature_def"]
-    assert set(signatures) == {"serving_default", "predict_images"}
+    assert set(signatures) == {"serving_default", "predict_images", "__saved_model_init_op"}  # as TF Serving lists
     default = signatures["serving_default"]
     assert default["method_name"] == "tensorflow/serving/predict"
     assert default["inputs"] == {"image_bytes": {

@@ -32,8 +32,15 @@ class Aborted(Exception):
 
 
 class AbortingContext:
-    """The one thing a unary servicer asks of grpc's ServicerContext when it fails: abort, which raises as grpc's
-    does, carrying the status code and details that the client would get."""
+    """What a unary servicer asks of grpc's ServicerContext: abort when it fails, which raises as grpc's does,
+    carrying the status code and details that the client would get; and, for the reload's wait, the call's deadline
+    (none) and whether it is still on (it is)."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def is_active(self) -> bool:
+        return True
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)

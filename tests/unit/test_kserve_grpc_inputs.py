@@ -46,3 +46,13 @@ def test_the_limit_is_for_all_inputs_together():
     inputs = request_inputs(request, 2000)
     assert set(inputs) == {"a", "b"} and inputs["a"].dtype == np.float32
     assert "would decode to 2000 bytes" in refusal(request, 1999)
+
+
+def test_raw_bytes_too_short_for_their_shape_are_malformed_not_large():
+    """A shape of a billion BYTES elements over 7 raw bytes is refused for what it is, as REST's binary infer
+    refuses it, not as 56 GB it would never decode to."""
+    request = service_pb2.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="BYTES", shape=[1_000_000_000])
+    request.raw_input_contents.append(frame([b"abc"]))
+    assert refusal(request, 1 << 20) == ("Input 'x': 7 bytes cannot hold the 1000000000 BYTES elements of shape "
+                                         "[1000000000] (each takes at least 4)")

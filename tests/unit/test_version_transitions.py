@@ -450,3 +450,75 @@ def test_the_heap_is_settled_after_a_pass_that_loaded_or_unloaded_and_only_then(
     repo.poll_now()
     repo.poll_now()
     assert models.events == ["loaded m 1", "settled", "loaded m 2", "unloaded m 1", "settled"]
+
+
+# --- a reload's wait (TF Serving's ServerCore::WaitUntilModelsAvailable) -----------------------------------------
+
+def test_a_reload_waits_for_its_new_models_only(models):
+    """The wait returns once the new model is AVAILABLE, and not before: the poll thread loads it meanwhile. A model
+    the running config already lists is not waited for, even while it has no version."""
+    models.publish("a", 1)
+    repo = models.repository(a="")
+    repo.poll_now()
+    gate = models.hang("b", 1)
+    models.publish("b", 1)
+    reload = repo.reload_config(models.config(a="", b=""))
+    assert reload.new_models == ("b",)
+    loading = in_background(repo.poll_now)
+    assert gate.entered.wait(WAIT)
+    waiter = in_background(lambda: repo.wait_available(reload, time.monotonic() + WAIT, lambda: False))
+    waiter.join(0.05)
+    assert waiter.is_alive(), "returned while b was still loading"
+    gate.release.set()
+    waiter.join(WAIT)
+    loading.join(WAIT)
+    assert not waiter.is_alive() and states(repo, "b") == {1: AVAILABLE}
+    again = repo.reload_config(models.config(a="", b="", c=""))
+    assert again.new_models == ("c",)
+    assert refusal(repo.wait_available, again, time.monotonic() + 0.05, lambda: False) == (
+        Code.DEADLINE_EXCEEDED, "Deadline exceeded waiting for model(s) c to become available")
+    repo.wait_available(repo.reload_config(models.config(a="", b="")), time.monotonic(), lambda: False)
+
+
+def test_a_new_model_that_fails_to_load_fails_the_reload_in_tf_servings_words(models):
+    models.publish("a", 1)
+    models.publish("b", 1)
+    models.fail("b", 1, ValueError("no graph"))
+    repo = models.repository(a="")
+    repo.poll_now()
+    reload = repo.reload_config(models.config(a="", b=""))
+    repo.poll_now()
+    code, message = refusal(repo.wait_available, reload, time.monotonic() + WAIT, lambda: False)
+    assert code == Code.UNKNOWN
+    assert message.startswith("1 model(s) did not become available: {{{name: b version: 1} due to error: UNKNOWN: ")
+    assert message.endswith("}, }")
+
+
+def test_a_model_listed_again_is_settled_by_its_new_load_not_its_old_end(models):
+    """ServerCore waits on a fresh ServableStateMonitor: a removed model's version END from before the reload does
+    not fail the reload that lists it again; its reload waits for the version to load again."""
+    models.publish("a", 1)
+    models.publish("b", 1)
+    repo = models.repository(a="", b="")
+    repo.poll_now()
+    repo.reload_config(models.config(a=""))
+    repo.poll_now()
+    assert states(repo, "b") == {1: END}
+    reload = repo.reload_config(models.config(a="", b=""))
+    assert reload.new_models == ("b",)
+    assert refusal(repo.wait_available, reload, time.monotonic() + 0.05, lambda: False)[0] == Code.DEADLINE_EXCEEDED
+    repo.poll_now()
+    repo.wait_available(reload, time.monotonic() + WAIT, lambda: False)
+    assert states(repo, "b") == {1: AVAILABLE}
+
+
+def test_a_reload_stops_waiting_when_its_call_ends(models):
+    models.publish("a", 1)
+    repo = models.repository(a="")
+    repo.poll_now()
+    reload = repo.reload_config(models.config(a="", b=""))  # b has no version: it would wait forever
+    ended = threading.Event()
+    threading.Timer(0.05, ended.set).start()
+    assert refusal(repo.wait_available, reload, None, ended.is_set) == (
+        Code.UNAVAILABLE, "Stopped waiting for model(s) b to become available: the call ended or the server is "
+        "stopping")

@@ -15,7 +15,15 @@ import numpy as np
 from serving.core import PredictResult, invalid
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.text import parse_version
-from serving.protocols.codec.v2_tensors import NUMPY_TYPES, binary_data, datatype_of, declared_count, decode_raw, output
+from serving.protocols.codec.v2_tensors import (
+    NUMPY_TYPES,
+    binary_data,
+    check_bytes_hold,
+    datatype_of,
+    declared_count,
+    decode_raw,
+    output,
+)
 
 # The typed InferTensorContents field of each datatype; FP16 has none, it travels raw only.
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -31,8 +39,11 @@ def version_of(text: str) -> int | None:
 
 def decoded_bytes(tensor: Any, count: int, raw: bytes | None) -> int:
     """What decoding an input allocates, if it decodes: raw numbers are their bytes (decode_raw takes exactly
-    count x itemsize of them or refuses them); a BYTES element is a reference and a bytes object besides its bytes."""
+    count x itemsize of them or refuses them); a BYTES element is a reference and a bytes object besides its bytes.
+    Raw BYTES that cannot hold their shape are refused as such first, not as a size they would never reach."""
     if tensor.datatype == "BYTES":
+        if raw is not None:
+            check_bytes_hold(raw, tensor.name, list(tensor.shape), count)
         return count * STRING_ELEMENT_BYTES
     return len(raw) if raw is not None else count * np.dtype(NUMPY_TYPES[tensor.datatype]).itemsize
 

@@ -40,9 +40,7 @@ def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[in
     charged to the memory budget (a 413 for a request that is not large). Each BYTES element then becomes an
     object many times its prefix, which `charge` (the request's memory budget) is told before they are made."""
     if datatype == "BYTES":
-        if count * v2_bytes.PREFIX_BYTES > len(raw):
-            raise invalid(f"Input {name!r}: {len(raw)} bytes cannot hold the {count} BYTES elements of shape "
-                          f"{shape} (each takes at least {v2_bytes.PREFIX_BYTES})")
+        check_bytes_hold(raw, name, shape, count)
         charge(count * STRING_ELEMENT_BYTES)
         try:
             return np.array(v2_bytes.unframe(raw, count), dtype=object)
@@ -52,6 +50,14 @@ def decode_raw(raw: bytes | memoryview, name: str, datatype: str, shape: list[in
     if len(raw) != count * dtype.itemsize:
         raise invalid(f"Input {name!r}: {len(raw)} bytes do not hold shape {shape} of {datatype}")
     return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[datatype], copy=False)  # a view on little-endian
+
+
+def check_bytes_hold(raw: bytes | memoryview, name: str, shape: list[int], count: int) -> None:
+    """BYTES elements take at least their 4-byte prefix each: a shape its bytes cannot hold is malformed, whatever
+    it would decode to."""
+    if count * v2_bytes.PREFIX_BYTES > len(raw):
+        raise invalid(f"Input {name!r}: {len(raw)} bytes cannot hold the {count} BYTES elements of shape "
+                      f"{shape} (each takes at least {v2_bytes.PREFIX_BYTES})")
 
 
 def datatype_of(array: np.ndarray) -> str:

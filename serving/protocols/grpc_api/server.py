@@ -10,13 +10,11 @@ tokens and limits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.core import DataPlane
@@ -24,7 +22,7 @@ from serving.protocols import access_log, auth
 from serving.protocols.grpc_api import kserve, unix_socket
 from serving.protocols.grpc_api.gate import Gate
 from serving.protocols.grpc_api.health import HealthService
-from serving.protocols.grpc_api.tfserving import ModelService, PredictionService
+from serving.protocols.grpc_api.tfserving import ModelService, PredictionService, ReloadConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
 
 
 def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
-          reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> grpc.Server | None:
+          reload: ReloadConfig | None = None) -> grpc.Server | None:
     """Start the gRPC server on --host:--port (shared with sibling workers through SO_REUSEPORT) and on
     --grpc_socket_path if this worker serves it (`runtime_dir`: the server's private folder, where its workers
     decide which); None when it has neither to serve. The reload RPC calls `reload` (the worker's, which passes

@@ -132,7 +132,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             if field != "signature_def":
                 raise invalid(f"Metadata field {field} is not supported")
         spec = model_spec_fields(request.model_spec)
-        version, signatures = self.dataplane.signatures(spec["model"], spec["version"], spec["label"])
+        version, signatures = self.dataplane.signatures(spec["model"], spec["version"], spec["label"], internal=True)
         sig_map = get_model_metadata_pb2.SignatureDefMap(
             signature_def={name: signature_def(info) for name, info in signatures.items()})
         response = get_model_metadata_pb2.GetModelMetadataResponse(
@@ -141,12 +141,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
 
+# How the reload RPC applies a config, as DataPlane.reload_config does: (the config, the call's deadline in
+# time.monotonic() seconds or None, whether the call has ended), returning once the new models are AVAILABLE.
+ReloadConfig = Callable[[model_server_config_pb2.ModelServerConfig, float | None, Callable[[], bool]], None]
+
+
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     """`reload` applies a reload RPC's config: the worker's (serving/worker.py), which passes it on to the other
     workers; by default the DataPlane's own."""
 
-    def __init__(self, dataplane: DataPlane,
-                 reload: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, reload: ReloadConfig | None = None) -> None:
         self.dataplane = dataplane
         self.reload = reload or dataplane.reload_config
 
@@ -165,6 +169,8 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     @rpc
     def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,
                                   context: grpc.ServicerContext) -> Any:
-        """One worker gets the RPC; `reload` passes the config on to the others."""
-        self.reload(request.config)
+        """One worker gets the RPC; `reload` passes the config on to the others. It answers once the models new to
+        the config are AVAILABLE in this worker, as TF Serving's does, so that a client may use them at once; the
+        wait ends with the call (its deadline, the client cancelling it), never later."""
+        self.reload(request.config, deadline_of(context), lambda: not context.is_active())
         return model_management_pb2.ReloadConfigResponse()

@@ -96,7 +96,7 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
         return json_response(strict_json.encode(tfserving_json.status_response(statuses)))
 
     def metadata(name: str, version: str | None = None, label: str | None = None) -> flask.Response:
-        resolved, signatures = dataplane.signatures(name, path_version(version), label)
+        resolved, signatures = dataplane.signatures(name, path_version(version), label, internal=True)
         return json_response(strict_json.encode(tfserving_json.metadata_response(name, resolved, signatures)))
 
     def body() -> tuple[bytes, strict_json.Charge]:
