@@ -25,8 +25,9 @@
    CPU per image is a column of the table, and at the first concurrency it is also compared with the CPU of one
    in-process single-image call, and its threads' context switches per request are counted.
 Everything runs side by side in one run, in interleaved rounds (each cell is the median round; each round runs the
-columns in an order of its own, shuffled from --seed, so no column always follows another), so the ratios hold
-even though absolute times on a shared machine do not. Against an earlier checkout, each round's own ratio is
+columns in an order of its own, shuffled from --seed, so no column always follows another, and starts every server
+afresh, so no server's own luck lasts beyond its round), so the ratios hold even though absolute times on a shared
+machine do not. Against an earlier checkout, each round's own ratio is
 printed too, lowest to highest: a ratio of medians means something only beside that spread.
 """
 from __future__ import annotations
@@ -49,8 +50,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from serving.launcher import Server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -616,6 +621,62 @@ def photo_sets(sizes: list[tuple[int, int]]) -> dict[str, list[bytes]]:
             for w, h in sizes}
 
 
+@dataclasses.dataclass
+class Fleet:
+    """One round's servers: this checkout's Petal, the other Petals it is compared with, and the baseline."""
+    petal: Server
+    others: dict[str, Server]  # column -> a REST-only Petal (gthread, --ab_args)
+    before: dict[str, Server]  # checkout name -> its Petal
+    baseline: tuple[int, int]  # port, pid
+
+    def requests(self, photos: list[bytes]) -> dict[str, Requests]:
+        """Every column's requests for these photos."""
+        port, pid = self.baseline
+        return {**{protocol: requests_for(protocol, self.petal, photos) for protocol in PROTOCOLS},
+                **{col: petal_rest_requests(other, photos) for col, other in self.others.items()},
+                "baseline": rest_requests(port, pid, photos),
+                **{f"{protocol}@{tree}": requests_for(protocol, earlier, photos)
+                   for tree, earlier in self.before.items() for protocol in PROTOCOLS}}
+
+
+@contextlib.contextmanager
+def fleet(args: argparse.Namespace, base: str, model_dir: str, photos: list[bytes]) -> Iterator[Fleet]:
+    """Every server of a round, started for that round alone, so that whatever speed a server process has for its
+    whole life is drawn anew each round and the median round does not carry one draw into every sample. Kept
+    across rounds, one server's REST served 0.66-0.89x another's in each of 4 rounds, both of one request path
+    (docs/performance.md, 'Servers started each round')."""
+    from serving import launcher
+
+    with contextlib.ExitStack() as stack:
+        petal = lambda *flags: stack.enter_context(  # noqa: E731
+            launcher.running(["--model_name=flowers", f"--model_base_path={base}", *args.petal_args.split(), *flags],
+                             cwd=ROOT))
+        server = petal()
+        others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
+        if args.ab_args:
+            others["ab"] = petal("--port=0", *args.ab_args.split())
+        before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
+            ["--model_name=flowers", f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()],
+            cwd=tree, python=interpreter(tree)))
+            for tree in args.before}
+        baseline = stack.enter_context(baseline_server(model_dir))
+        servers = Fleet(server, others, before, baseline)
+        for each in (server, *others.values(), *before.values()):
+            wait_for_every_worker(petal_rest_requests(each, photos))
+        yield servers
+
+
+def load_generator_ceilings(servers: Fleet, levels: list[int], duration: float,
+                            warmup: float) -> dict[str, dict[int, dict]]:
+    """The load generator's rate on trivial requests (/healthz, gRPC health Check) at the busy levels."""
+    busy = [c for c in levels if c >= 16] or levels[-1:]
+    petal = servers.petal
+    ceilings = {protocol: run_loadgen(health_requests(protocol, port, petal.proc.pid), busy, duration, warmup)
+                for protocol, port in (("http", petal.rest_port), ("grpc", petal.grpc_port))}
+    ceilings["flask"] = run_loadgen(health_requests("http", *servers.baseline), busy, duration, warmup)
+    return ceilings
+
+
 # --- report ---------------------------------------------------------------------------------------------------
 
 TITLES = {"rest": "Petal REST", "grpc": "Petal gRPC", "v2": "Petal V2 binary",
@@ -752,7 +813,6 @@ def main() -> int:
                         "one's, under its own .venv if it has one; may be given more than once")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from serving import launcher
     from serving.tensorflow_logs import import_tensorflow
 
     import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
@@ -775,46 +835,25 @@ def main() -> int:
               | before_columns(args.before))
     samples = {name: {col: [] for col in titles} for name in sets}
     limit_rounds: dict[str, list[list[Limit]]] = {name: [] for name in sets}
-    with contextlib.ExitStack() as stack:
-        petal = lambda *flags: stack.enter_context(  # noqa: E731
-            launcher.running(["--model_name=flowers", f"--model_base_path={base}", *args.petal_args.split(), *flags],
-                             cwd=ROOT))
-        server = petal()
-        others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
-        if args.ab_args:
-            others["ab"] = petal("--port=0", *args.ab_args.split())
-        before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
-            ["--model_name=flowers", f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()],
-            cwd=tree, python=interpreter(tree)))
-            for tree in args.before}
-        baseline_port, baseline_pid = stack.enter_context(baseline_server(model_dir))
-        pid = server.proc.pid
-        rest_port, grpc_port = server.rest_port, server.grpc_port
-        for each in (server, *others.values(), *before.values()):
-            wait_for_every_worker(petal_rest_requests(each, next(iter(sets.values()))))
-        busy = [c for c in levels if c >= 16] or levels[-1:]
-        ceilings = {protocol: run_loadgen(health_requests(protocol, port, pid), busy, args.duration, args.warmup)
-                    for protocol, port in (("http", rest_port), ("grpc", grpc_port))}
-        ceilings["flask"] = run_loadgen(health_requests("http", baseline_port, baseline_pid), busy, args.duration,
-                                        args.warmup)
-        requests = {name: {**{protocol: requests_for(protocol, server, photos) for protocol in PROTOCOLS},
-                           **{col: petal_rest_requests(other, photos) for col, other in others.items()},
-                           "baseline": rest_requests(baseline_port, baseline_pid, photos),
-                           **{f"{protocol}@{tree}": requests_for(protocol, earlier, photos)
-                              for tree, earlier in before.items() for protocol in PROTOCOLS}}
-                    for name, photos in sets.items()}
-        columns = [*titles, LIMIT]
-        shuffle = random.Random(args.seed)
-        for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike,
-            order = shuffle.sample(columns, len(columns))  # in a new order, so none always runs after another
-            print(f"round {round_ + 1} order: {', '.join(order)}", flush=True)
+    ceilings: dict[str, dict[int, dict]] = {}
+    columns = [*titles, LIMIT]
+    shuffle = random.Random(args.seed)
+    for round_ in range(args.rounds):  # interleaved, so a slow spell on the machine hits every column alike,
+        order = shuffle.sample(columns, len(columns))  # in a new order, so none always runs after another
+        started = time.monotonic()
+        with fleet(args, base, model_dir, next(iter(sets.values()))) as servers:
+            print(f"round {round_ + 1} order: {', '.join(order)} (servers started in "
+                  f"{time.monotonic() - started:.0f} s)", flush=True)
+            if not ceilings:
+                ceilings = load_generator_ceilings(servers, levels, args.duration, args.warmup)
             for name, photos in sets.items():
+                requests = servers.requests(photos)
                 for col in order:
                     if col == LIMIT:
                         limit_rounds[name].append(in_process_limits(model_dir, photos, args.limit_seconds))
                     else:
-                        samples[name][col].append(run(requests[name][col]))
-            print(f"round {round_ + 1} of {args.rounds} done", flush=True)
+                        samples[name][col].append(run(requests[col]))
+        print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     results = {name: {col: {c: median_run([each[c] for each in runs]) for c in levels} for col, runs in per.items()}
                for name, per in samples.items()}
 
