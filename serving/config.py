@@ -143,6 +143,9 @@ class DataPlaneOptions:
     enable_batching: bool = True
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     enable_model_warmup: bool = True
+    # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/config_files.py
+    # `check_version_labels`)
+    allow_version_labels_for_unavailable_models: bool = False
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     tensorflow_thread_nice: int = 10

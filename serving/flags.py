@@ -16,6 +16,7 @@ from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.config import WORKER_CLASSES, ServerOptions, model_config_for, option_defaults
 from serving.config_files import (
     check_model_config,
+    check_version_labels,
     read_batching_parameters,
     read_metrics_path,
     read_model_config,
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
     flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
     flag("--enable_model_warmup", default=d.enable_model_warmup, **boolean)
+    flag("--allow_version_labels_for_unavailable_models", default=d.allow_version_labels_for_unavailable_models,
+         help="a model config's new labels may name versions not loaded yet (at start, every version); an existing "
+         "label still moves only to an AVAILABLE version", **boolean)
     flag("--tensorflow_intra_op_parallelism", type=int, default=d.tensorflow_intra_op_parallelism,
          help="0: the cores split between the model's callers (workers x batch threads)")
     flag("--tensorflow_inter_op_parallelism", type=int, default=d.tensorflow_inter_op_parallelism, help="0: the cores")
@@ -216,6 +220,11 @@ def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--model_root {args.model_root!r} is not a folder")
     if args.model_config_file:
         values["model_config"] = read_model_config(args.model_config_file, args.model_root)
+        try:  # no version is AVAILABLE yet: TF Serving checks the first config's labels before it loads anything
+            check_version_labels(values["model_config"], {}, {}, args.allow_version_labels_for_unavailable_models)
+        except ValueError as error:
+            raise ValueError(f"{args.model_config_file}: {error} (at start no version is loaded yet: "
+                             "--allow_version_labels_for_unavailable_models=true lets a config label one)") from None
     else:
         values["model_config"] = model_config_for(*single_model(args.model_name, args.model_base_path))
         check_model_config(values["model_config"], args.model_root)

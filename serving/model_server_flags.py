@@ -22,8 +22,6 @@ class Unimplemented:
 
 
 UNIMPLEMENTED = (
-    Unimplemented("allow_version_labels_for_unavailable_models", "bool", (True,), False,
-                  "Petal always lets a label name a version that is not loaded yet"),
     Unimplemented("enable_per_model_batching_parameters", "bool", (False,), True,
                   "Petal batches every model with --batching_parameters_file; it does not read a model's "
                   "batching_params.pbtxt"),

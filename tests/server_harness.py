@@ -198,7 +198,8 @@ def children(pid: int) -> list[int]:
 def check_watcher_keeps_running_config(config_file, running, refused: str, caplog, timeout_s: float) -> None:
     """A real Worker in this process watching `config_file` (--model_config_file, re-read every 0.05 s) while it
     serves the ModelServerConfig `running`: the file breaks a rule, so the watch logs `refused` within
-    `timeout_s`, the models served stay as they were, and the watch thread ends once the worker drains."""
+    `timeout_s`, the models served and their labels stay as they were, and the watch thread ends once the worker
+    drains."""
     import dataclasses
     import logging
     import threading
@@ -221,6 +222,8 @@ def check_watcher_keeps_running_config(config_file, running, refused: str, caplo
                 time.sleep(0.05)
             assert warned()
             assert worker.dataplane.model_names() == ["flowers"]
+            assert worker.dataplane.version_labels() == {
+                model.name: dict(model.version_labels) for model in running.model_config_list.config}
         finally:
             worker.drain()  # the watch ends once the worker drains
             worker.exit()

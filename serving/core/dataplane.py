@@ -394,7 +394,9 @@ class DataPlane:
         repository = Repository(options.model_config,
                                 loader(load_options, metrics, warmup=options.enable_model_warmup), metrics,
                                 options.file_system_poll_wait_seconds, on_unload=batcher.forget,
-                                drain_seconds=drain_seconds)
+                                drain_seconds=drain_seconds,
+                                allow_version_labels_for_unavailable_models=(
+                                    options.allow_version_labels_for_unavailable_models))
         dataplane = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
                         startup=startup or Startup(), budget_after_load=budget_after_load)
         repository.start()

@@ -30,6 +30,7 @@ from typing import Generic, Protocol, TypeVar
 
 from tensorflow_serving.config import model_server_config_pb2
 
+from serving.config_files import check_version_labels
 from serving.core import heap
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
@@ -160,8 +161,10 @@ class Repository(Generic[S]):
 
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, load: Load[S], metrics: Metrics,
                  poll_seconds: float = 1.0, on_unload: Callable[[str, int], None] | None = None,
-                 drain_seconds: float = 30.0, settle_heap: Callable[[], object] = heap.settle):
+                 drain_seconds: float = 30.0, settle_heap: Callable[[], object] = heap.settle,
+                 allow_version_labels_for_unavailable_models: bool = False):
         self._load_version = load
+        self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
         self._metrics = metrics
         self._drain_seconds = drain_seconds
         self._poll_seconds = poll_seconds
@@ -189,8 +192,19 @@ class Repository(Generic[S]):
 
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> Reload:
         """Load the models listed, unload the ones left out (on the poll thread, after this returns); what to pass
-        `wait_available`. The caller has checked the config (serving/config.py `check_model_config`)."""
-        reload = self._set_config(config)
+        `wait_available`. The caller has checked the config (serving/config_files.py `check_model_config`). Its
+        labels are checked here, against the versions AVAILABLE now, as TF Serving's ReloadConfig checks them before
+        it adds a model (serving/config_files.py `check_version_labels`): one refused fails the whole config,
+        FAILED_PRECONDITION, and nothing changes, the labels in force included. The first config, given to the
+        constructor, is checked at start (serving/flags.py), when no version is AVAILABLE."""
+        with self._lock:
+            available = {name: [v for v, e in model.versions.items() if e.status.state == VersionState.AVAILABLE]
+                         for name, model in self._models.items()}
+            try:
+                check_version_labels(config, available, self.version_labels(), self._allow_unavailable_labels)
+            except ValueError as error:
+                raise ServingError(Code.FAILED_PRECONDITION, str(error)) from None
+            reload = self._set_config(config)
         self._wake.set()
         return reload
 

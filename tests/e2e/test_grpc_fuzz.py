@@ -73,7 +73,9 @@ def target(tmp_path_factory):
     config = tmp_path_factory.mktemp("grpc_fuzz") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    with run_server(f"--model_config_file={config}", "--workers=1") as server:
+    # labels at start name versions not loaded yet: TF Serving needs the flag too
+    with run_server(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models=true",
+                    "--workers=1") as server:
         with grpc.insecure_channel(server.grpc_target) as channel:
             pid = worker_pid(server.proc.pid)
             call(channel, "/tensorflow.serving.PredictionService/Predict", predict_pb2.PredictResponse,

@@ -69,7 +69,9 @@ def server(tmp_path_factory):
     config = tmp_path_factory.mktemp("openapi") / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{tiny_model_base()}" '
                       'model_platform: "tensorflow" version_labels { key: "stable" value: 1 } } }')
-    with run_server(f"--model_config_file={config}", "--port=0") as server:
+    # labels at start name versions not loaded yet: TF Serving needs the flag too
+    with run_server(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models=true",
+                    "--port=0") as server:
         yield server
 
 

@@ -28,7 +28,9 @@ def server(tmp_path_factory):
     config.write_text(f'model_config_list {{ config {{ name: "flowers" base_path: "{base}" model_platform: '
                       '"tensorflow" model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
                       'version_labels { key: "canary" value: 2 } } }')
-    with run_server(f"--model_config_file={config}", f"--max_request_bytes={MAX_REQUEST_BYTES}",
+    # labels at start name versions not loaded yet: TF Serving needs the flag too
+    with run_server(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models=true",
+                    f"--max_request_bytes={MAX_REQUEST_BYTES}",
                     f"--max_image_pixels={MAX_IMAGE_PIXELS}") as s:
         yield s
 

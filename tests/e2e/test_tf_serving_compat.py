@@ -108,7 +108,9 @@ def server(tmp_path_factory):
 {others}}}
 """)
     socket_path = str(root / "petal.sock")
-    with run_server(f"--model_config_file={config}", f"--grpc_socket_path={socket_path}", "--enable_batching",
+    # labels at start name versions not loaded yet: TF Serving needs the flag too
+    with run_server(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models=true",
+                    f"--grpc_socket_path={socket_path}", "--enable_batching",
                     "--prefer_tflite_model", "--file_system_poll_wait_seconds=0",
                     "--enable_model_control") as srv:
         srv.socket_path = socket_path

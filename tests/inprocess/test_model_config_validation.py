@@ -123,3 +123,15 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_pa
     path = tmp_path / "models.config"
     path.write_text(text_format.MessageToString(config(platform="pytorch")))
     check_watcher_keeps_running_config(path, config(), BAD_PLATFORM, caplog, timeout_s=10)
+
+
+def test_the_watcher_keeps_the_running_config_when_the_file_labels_a_version_not_available(tmp_path, caplog):
+    """The file now labels version 9, which is not AVAILABLE: the watch logs TF Serving's FAILED_PRECONDITION
+    (serving/config_files.py `check_version_labels`) and the labels served stay as they were (none)."""
+    labelled = config()
+    labelled.model_config_list.config[0].version_labels["stable"] = 9
+    path = tmp_path / "models.config"
+    path.write_text(text_format.MessageToString(labelled))
+    check_watcher_keeps_running_config(
+        path, config(), "Request to assign label to version 9 of model flowers, which is not currently available "
+        "for inference", caplog, timeout_s=30)

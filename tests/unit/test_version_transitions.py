@@ -96,9 +96,11 @@ class Models:
                           f'{extra} }} ' for name, extra in models.items())
         return text_format.Parse(f"model_config_list {{ {entries} }}", model_server_config_pb2.ModelServerConfig())
 
-    def repository(self, drain_seconds: float = WAIT, poll_seconds: float = 0, **models: str) -> Repository:
+    def repository(self, drain_seconds: float = WAIT, poll_seconds: float = 0, allow_unavailable_labels: bool = False,
+                   **models: str) -> Repository:
         return Repository(self.config(**models), self.load, self.metrics, poll_seconds=poll_seconds,
-                          on_unload=self.unloaded, drain_seconds=drain_seconds, settle_heap=self.settled)
+                          on_unload=self.unloaded, drain_seconds=drain_seconds, settle_heap=self.settled,
+                          allow_version_labels_for_unavailable_models=allow_unavailable_labels)
 
 
 @pytest.fixture
@@ -196,10 +198,12 @@ def test_labels_name_their_versions_for_requests_and_status(models):
 
 
 def test_a_label_may_name_a_version_not_loaded_and_serves_it_once_it_is(models):
-    """Petal's --allow_version_labels_for_unavailable_models=true: the label is accepted, a request by it is
-    NOT_FOUND like a request for that version number, until the version loads."""
+    """With --allow_version_labels_for_unavailable_models=true (the first config's labels are checked at start,
+    serving/flags.py): the label is accepted, a request by it is NOT_FOUND like a request for that version number,
+    until the version loads."""
     models.publish("m", 1)
-    repo = models.repository(m='model_version_policy { all {} } version_labels { key: "canary" value: 2 }')
+    repo = models.repository(allow_unavailable_labels=True,
+                             m='model_version_policy { all {} } version_labels { key: "canary" value: 2 }')
     repo.poll_now()
     assert not_served(repo, label="canary") == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 2)")
     assert refusal(repo.status, "m", label="canary") == (Code.NOT_FOUND, "Could not find version 2 of model m")
@@ -214,6 +218,65 @@ def test_a_label_on_a_version_the_policy_does_not_serve_is_not_found(models):
     repo = models.repository(m='version_labels { key: "stable" value: 1 }')
     repo.poll_now()
     assert not_served(repo, label="stable") == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 1)")
+
+
+def not_available(version: int, model: str = "m") -> tuple[Code, str]:
+    """ServerCore::UpdateModelVersionLabelMap's refusal of a label on a version that is not AVAILABLE."""
+    return (Code.FAILED_PRECONDITION,
+            f"Request to assign label to version {version} of model {model}, which is not currently available for "
+            "inference")
+
+
+def test_a_reload_labelling_a_version_not_available_is_refused_and_changes_nothing(models):
+    """TF Serving checks labels against the versions AVAILABLE when the config arrives, before it adds anything:
+    version 2 is on disk, and the refused config would load it, but it is not AVAILABLE yet."""
+    models.publish("m", 1, 2)
+    repo = models.repository(m='model_version_policy { specific { versions: 1 } } '
+                               'version_labels { key: "stable" value: 1 }')
+    repo.poll_now()
+    for labels, version in (('version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 }', 2),
+                            ('version_labels { key: "stable" value: 2 }', 2),  # moved to a version not loaded yet
+                            ('version_labels { key: "stable" value: 9 }', 9)):  # to one not on disk
+        assert refusal(repo.reload_config, models.config(m=f"model_version_policy {{ all {{}} }} {labels}")) == \
+            not_available(version)
+    repo.poll_now()
+    assert repo.version_labels() == {"m": {"stable": 1}} and served(repo, label="stable") == 1
+    assert states(repo) == {1: AVAILABLE}, "the refused config's policy was not taken either"
+    assert not_served(repo, label="canary") == (Code.INVALID_ARGUMENT, "Unrecognized servable version label: canary")
+
+
+def test_a_label_moves_to_a_version_once_it_is_available(models):
+    models.publish("m", 1, 2)
+    repo = models.repository(m='model_version_policy { specific { versions: 1 } } '
+                               'version_labels { key: "stable" value: 1 }')
+    repo.poll_now()
+    repo.reload_config(models.config(m='model_version_policy { all {} } version_labels { key: "stable" value: 1 }'))
+    repo.poll_now()
+    repo.reload_config(models.config(m='model_version_policy { all {} } version_labels { key: "stable" value: 2 } '
+                                       'version_labels { key: "canary" value: 1 }'))
+    assert served(repo, label="stable") == 2 and served(repo, label="canary") == 1
+    assert repo.status("m", label="stable") == [VersionStatus(2, AVAILABLE)]
+    assert repo.version_labels() == {"m": {"canary": 1, "stable": 2}}
+
+
+def test_the_allow_flag_lets_a_new_or_kept_label_name_a_version_not_available_but_moves_none_to_one(models):
+    """--allow_version_labels_for_unavailable_models=true, as ServerCore's allow_version_labels_for_unavailable_
+    models: an existing label never moves to a version that cannot answer its requests yet."""
+    models.publish("m", 1)
+    repo = models.repository(allow_unavailable_labels=True,
+                             m='model_version_policy { all {} } version_labels { key: "stable" value: 1 }')
+    repo.poll_now()
+    moved = 'version_labels { key: "stable" value: 2 }'
+    assert refusal(repo.reload_config, models.config(m=f"model_version_policy {{ all {{}} }} {moved}")) == \
+        not_available(2)
+    assert repo.version_labels() == {"m": {"stable": 1}}
+    repo.reload_config(models.config(m='model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
+                                       'version_labels { key: "canary" value: 2 }'))
+    assert repo.version_labels() == {"m": {"canary": 2, "stable": 1}} and served(repo, label="stable") == 1
+    assert not_served(repo, label="canary") == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 2)")
+    models.publish("m", 2)
+    repo.poll_now()
+    assert served(repo, label="canary") == 2
 
 
 # --- failed loads -----------------------------------------------------------------------------------------------
