@@ -201,10 +201,16 @@ def signature_infos(graph: meta_graph_pb2.MetaGraphDef, internal: bool = False) 
     """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports. The internal
     ones (TF2's `__saved_model_init_op`, which runs once at load) only with `internal`: TF Serving's metadata lists
     the whole map, and no request can call them."""
-    return {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
-                               outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
-                               method_name=sig.method_name, defaults=dict(sig.defaults))
-            for key, sig in graph.signature_def.items() if internal or key not in _INTERNAL_SIGNATURES}
+    infos = {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
+                                outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
+                                method_name=sig.method_name, defaults=dict(sig.defaults))
+             for key, sig in graph.signature_def.items()}
+    return infos if internal else callable_signatures(infos)
+
+
+def callable_signatures(infos: dict[str, SignatureInfo]) -> dict[str, SignatureInfo]:
+    """The signatures a request may call, of a whole signature_def map (`signature_infos(internal=True)`)."""
+    return {key: info for key, info in infos.items() if key not in _INTERNAL_SIGNATURES}
 
 
 def read_signatures(version_dir: str, tags: set[str] | None = None) -> dict[str, SignatureInfo]:

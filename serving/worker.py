@@ -194,42 +194,51 @@ class Worker:
         self.dataplane.reload_config(config, deadline, lambda: self._stopping.is_set() or ended(), applied)
 
     def _watch_config(self, path: str, seconds: float, last: bytes) -> None:
-        """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one: once,
-        or at every look when its labels name a version not AVAILABLE, as TF Serving's poll calls ReloadConfig each
-        time, so that it is taken once the version is. A changed one is applied and its new models waited for up to
-        one poll interval, so that a model that failed to load is logged in TF Serving's words; one still loading
-        then is left to load while the watch goes on. (TF Serving's poll thread waits in ReloadConfig without a
-        limit: a new model with no version on disk stops its polling, and its reload RPCs, until one comes.)"""
+        """Re-read a config file; a broken one is logged and the running config kept, and so is a refused one, each
+        once. One whose labels name a version not AVAILABLE is tried again at every look, as TF Serving's poll calls
+        ReloadConfig each time, so that it is taken once the version is (a sibling worker's, which loads alongside
+        the worker that published it, usually is a moment later). A changed one is applied and its new models waited
+        for up to one poll interval, so that a model that failed to load is logged in TF Serving's words; one still
+        loading then is left to load while the watch goes on. (TF Serving's poll thread waits in ReloadConfig without
+        a limit: a new model with no version on disk stops its polling, and its reload RPCs, until one comes.)"""
+        logged = ""  # the last problem logged: the same one seen at the next look is not logged again
         while not self._stopping.wait(seconds):
             if not os.path.exists(path) and not last:
                 continue
             try:
                 config = read_model_config(path)
             except Exception as error:
-                logger.warning("model config file unreadable; keeping the current one",
-                               extra={"fields": {"path": path, "error": str(error)}})
+                if str(error) != logged:
+                    logger.warning("model config file unreadable; keeping the current one",
+                                   extra={"fields": {"path": path, "error": str(error)}})
+                logged = str(error)
                 continue
             text = config.SerializeToString(deterministic=True)
-            if text != last:
-                try:
-                    self.reload(config, time.monotonic() + seconds, publish=False)
-                except ServingError as error:
-                    fields = {"path": path, "error": error.message}
-                    # INVALID_ARGUMENT: check_model_config (a base path outside --model_root, say); FAILED_PRECONDITION:
-                    # check_version_labels, looked at again next time, when the version may be AVAILABLE
-                    if error.code in (Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION):
+            if text == last:
+                continue
+            fields: dict[str, object] = {"path": path}
+            try:
+                self.reload(config, time.monotonic() + seconds, publish=False)
+            except ServingError as error:
+                fields["error"] = error.message
+                # INVALID_ARGUMENT: check_model_config (a base path outside --model_root, say); FAILED_PRECONDITION:
+                # check_version_labels, looked at again next time, when the version may be AVAILABLE
+                if error.code in (Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION):
+                    if error.message != logged:
                         logger.warning("model config refused; keeping the current one", extra={"fields": fields})
-                        if error.code == Code.FAILED_PRECONDITION:
-                            continue
-                    elif error.code == Code.UNKNOWN:
-                        logger.warning("model config reloaded; a new model did not become available",
-                                       extra={"fields": fields})
-                    else:  # the wait's deadline, or the drain
-                        logger.info("model config reloaded; new models still loading", extra={"fields": fields})
-                else:
-                    logger.info("model config reloaded",
-                                extra={"fields": {"path": path, "models": self.dataplane.model_names()}})
-            last = text
+                    logged = error.message
+                    if error.code == Code.INVALID_ARGUMENT:
+                        last = text  # refused for good: looked at again once the file changes
+                    continue
+                elif error.code == Code.UNKNOWN:
+                    logger.warning("model config reloaded; a new model did not become available",
+                                   extra={"fields": fields})
+                else:  # the wait's deadline, or the drain
+                    logger.info("model config reloaded; new models still loading", extra={"fields": fields})
+            else:
+                fields["models"] = self.dataplane.model_names()
+                logger.info("model config reloaded", extra={"fields": fields})
+            logged, last = "", text
 
     # --- drain and exit -------------------------------------------------------------------------------------------
 

@@ -99,8 +99,7 @@ class FunctionModel:
     def __init__(self, path: str, graph, tags: frozenset[str]):
         self._loaded = tf.saved_model.load(path, tags=sorted(tags))
         self.metadata = model_format.signature_infos(graph, internal=True)
-        self.signatures = {key: info for key, info in model_format.signature_infos(graph).items()
-                           if key in self._loaded.signatures}
+        self.signatures = {key: info for key, info in self.metadata.items() if key in self._loaded.signatures}
         self._calls = {key: _FlatCall(self._loaded.signatures[key]) for key in self.signatures}
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
@@ -162,8 +161,8 @@ class SessionModel:
         self._session = tf.compat.v1.Session(graph=tf.Graph())
         with deprecation.silence():  # TF's notice that the TF1 loader is deprecated would print at every load
             graph = tf.compat.v1.saved_model.load(self._session, sorted(tags), path)
-        self.signatures = model_format.signature_infos(graph)
         self.metadata = model_format.signature_infos(graph, internal=True)
+        self.signatures = model_format.callable_signatures(self.metadata)
         self._callables: dict[tuple[str, tuple[str, ...], bool], Callable[..., list[np.ndarray]]] = {}
         self._lock = threading.Lock()
 

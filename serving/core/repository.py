@@ -454,19 +454,16 @@ class Repository(Generic[S]):
 
     def _find(self, name: str, version: int | None) -> tuple[_Version[S], S]:
         model = self._models.get(name)
-        spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        if model is None or model.config is None:
-            raise not_found(f"Servable not found for request: {spec}")
-        available = {v: (e, e.servable) for v, e in model.versions.items()
-                     if e.status.state == VersionState.AVAILABLE and e.servable is not None}
-        if version is None:
-            if available:
+        if model is not None and model.config is not None:
+            available = {v: (e, e.servable) for v, e in model.versions.items()
+                         if e.status.state == VersionState.AVAILABLE and e.servable is not None}
+            if version is None and available:
                 return available[max(available)]
-            if any(e.status.state == VersionState.LOADING for e in model.versions.values()):
+            if version in available:
+                return available[version]
+            if version is None and any(e.status.state == VersionState.LOADING for e in model.versions.values()):
                 raise unavailable(f"Model {name} is loading; retry shortly")
-            raise not_found(f"Servable not found for request: {spec}")
-        if version in available:
-            return available[version]
+        spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         raise not_found(f"Servable not found for request: {spec}")
 
     def model_ready(self, name: str, version: int | None = None) -> bool:

@@ -1,9 +1,9 @@
 """A lone request's TF call runs on the gevent worker's event loop, in a real `petal serve` (docs/performance.md, 'A
 lone request on the event loop'): one client on one keep-alive connection never wakes a batch thread, and clients on
 several connections at once are handed to them, and the loop runs the model's graph itself, not on TensorFlow's pool;
-so does a lone gRPC Predict's thread. The batch threads carry their names in /proc (serving/threads.py,
-`name_native_thread`), as TensorFlow's do, and the kernel counts each one's sleeps: a thread handed work wakes for it
-and sleeps again after.
+so does a lone gRPC Predict's thread. The batch threads and gRPC's handler threads carry their names in /proc
+(serving/threads.py, `name_native_thread`), as TensorFlow's do, and the kernel counts each one's sleeps: a thread
+handed work wakes for it and sleeps again after.
 """
 from __future__ import annotations
 
@@ -80,9 +80,12 @@ def test_a_lone_grpc_predict_runs_the_graph_on_its_own_thread():
         worker = worker_pid(server.proc.pid)
         stub, request = prediction_service_pb2_grpc.PredictionServiceStub(channel), predict_request()
         stub.Predict(request, timeout=60)
-        before = thread_sleeps(worker, "tf_")
+        before, handlers_before = thread_sleeps(worker, "tf_"), thread_sleeps(worker, "petal-grpc")
         for _ in range(REQUESTS):
             stub.Predict(request, timeout=60)
-        after = thread_sleeps(worker, "tf_")
+        after, handlers_after = thread_sleeps(worker, "tf_"), thread_sleeps(worker, "petal-grpc")
     # Run on TensorFlow's pool, each Predict woke its threads several times.
     assert before and sum(after.values()) - sum(before.values()) < REQUESTS // 2, (before, after)
+    # gRPC's handler threads carry their name too, and they are the ones each call woke.
+    assert handlers_before and sum(handlers_after.values()) - sum(handlers_before.values()) >= REQUESTS, \
+        (handlers_before, handlers_after)

@@ -135,3 +135,10 @@ def test_the_watcher_keeps_the_running_config_when_the_file_labels_a_version_not
     check_watcher_keeps_running_config(
         path, config(), "Request to assign label to version 9 of model flowers, which is not currently available "
         "for inference", caplog, timeout_s=30)
+
+
+def test_the_watcher_keeps_the_running_config_when_the_file_cannot_be_parsed(tmp_path, caplog):
+    """A file cut short (a copy over it caught midway, say) is logged once, not at every look."""
+    path = tmp_path / "models.config"
+    path.write_text('model_config_list { config { name: "flowers" base_path: ')
+    check_watcher_keeps_running_config(path, config(), "Invalid protobuf file", caplog, timeout_s=10)

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
+from serving import threads
 from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.core import DataPlane
 from serving.protocols import access_log, auth
@@ -96,7 +97,8 @@ def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOp
     max_message = protocols.grpc_max_message_bytes
     if protocols.access_log:
         access_log.enable()
-    pool = futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc")
+    pool = futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc",
+                                      initializer=threads.name_native_thread, initargs=("petal-grpc",))
     server = grpc.server(pool, options=channel_options(protocols), interceptors=[gate(dataplane, protocols, security,
                                                                                        pool)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane, max_message),
