@@ -13,7 +13,8 @@
    group: the worker's event loop (its main thread: reading, parsing, Flask, the codecs, the dataplane, writing, and
    a lone request's model call), TensorFlow's compute threads (`tf_Compute`), the batch threads (`petal-batch-N`),
    gRPC's handler threads (`petal-grpc`: the gate, the servicer, the codec and a lone call's model call), gRPC's
-   core threads, and the rest (over gRPC mostly grpcio's Python thread that polls its completion queue). Each group's share of the server's CPU is printed as CPU per image.
+   core threads, and the rest (over gRPC mostly grpcio's Python thread that polls its completion queue). Each
+   group's share of the server's CPU is printed as CPU per image.
 
 The two together are the budget: REST ÷ limit of r at some concurrency needs the server's CPU per image at most
 (cores - the load generator's share) / (r x the limit's images/s), and the model's share of it is at least its
