@@ -1,0 +1,161 @@
+"""The request path's own CPU, in-process, against earlier checkouts: a quieter A/B than benchmarks/serving.py for a
+change on the path.
+
+    .venv/bin/python benchmarks/request_path.py [--before ../prev] [--rounds 5] [--requests 1500]
+
+Each checkout runs in a process of its own, on its own code (its folder first on the path, its .venv if it has
+one), the rounds interleaved between checkouts. A process loads the shipped flowers model into a real DataPlane,
+sets up TensorFlow as a worker does, and serves one 480x360 photo per request through what
+tests/inprocess/test_request_calls.py counts: REST predict and V2 binary infer through gunicorn's parser, Petal's
+gevent worker on a socket pair and the Flask app; gRPC Predict through the gate and the servicer (grpcio's own
+threads aside). The model runs on TensorFlow's pool, as under load (not on the calling thread, as a lone request's
+does), so the calling thread's CPU is the path's:
+socket, HTTP, Flask, codecs, dataplane, batcher, answer. serving.py's columns of one commit differ by 10% or more
+from run to run at concurrency 1; this calling-thread CPU of one commit by a few percent.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_DIR = os.path.join("exported_models", "flowers")
+PROTOCOLS = ("rest", "v2", "grpc")
+
+
+def serve_requests(tree: str, requests: int) -> dict[str, float]:
+    """In `tree`'s code: the calling thread's CPU (ms) per request of each protocol, `requests` of each."""
+    sys.path.insert(0, tree)
+    import grpc
+    import numpy as np
+    from gunicorn import glogging
+    from tensorflow_serving.apis import predict_pb2
+
+    from serving.config import DataPlaneOptions, model_config_for
+    from serving.core import DataPlane
+    from serving.flags import parse_args
+    from serving.protocols.codec import tensor_proto
+    from serving.protocols.grpc_api import server as grpc_server
+    from serving.protocols.grpc_api.tfserving import PredictionService
+    from serving.protocols.rest.app import create_app
+    from serving.server import PetalApplication
+    from serving.tensorflow_runtime import configure_tensorflow
+    from training.synth import render
+
+    photo = render("daisy", seed=0, size=(480, 360))
+    options = parse_args([f"--model_base_path={MODEL_DIR}", "--model_name=flowers"])
+    configure_tensorflow(options)
+    dataplane = DataPlane.create(DataPlaneOptions(model_config=model_config_for("flowers", MODEL_DIR),
+                                                  file_system_poll_wait_seconds=0, memory_budget_bytes=1 << 30))
+    dataplane.wait_loaded()
+    application = PetalApplication(options)
+    worker = application.worker_class()(0, os.getpid(), [], application, 30, application.cfg,
+                                        glogging.Logger(application.cfg))
+    worker.wsgi = create_app(dataplane, options.protocols, options.security)
+    worker.start_serving()
+
+    def http(path: str, body: bytes, **headers: str):
+        head = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+        request = f"POST {path} HTTP/1.1\r\nHost: petal\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+        def serve() -> None:
+            ours, theirs = socket.socketpair()
+            with ours:
+                ours.sendall(request)
+                ours.shutdown(socket.SHUT_WR)
+                worker.handle(theirs, theirs, ("127.0.0.1", 50000))
+                answer = b"".join(iter(lambda: ours.recv(1 << 16), b""))
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        return serve
+
+    raw = struct.pack("<I", len(photo)) + photo
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    gate = grpc_server.gate(dataplane, options.protocols, options.security)
+    handler = grpc.unary_unary_rpc_method_handler(
+        PredictionService(dataplane, options.protocols.grpc_max_message_bytes).Predict,
+        predict_pb2.PredictRequest.FromString, predict_pb2.PredictResponse.SerializeToString)
+    details = type("Details", (), {"method": "/tensorflow.serving.PredictionService/Predict",
+                                   "invocation_metadata": ()})()
+    context = type("Context", (), {"time_remaining": lambda self: 10.0})()
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = "flowers"
+    predict.inputs["image_bytes"].CopyFrom(tensor_proto.encode(np.array([photo], dtype=object)))
+    wire = predict.SerializeToString()
+
+    # one call in flight on another thread throughout: each measured call runs its model on the pool, as REST's do
+    holder = threading.Thread(target=gate.calls.__enter__)
+    holder.start()
+    holder.join()
+
+    def grpc_predict() -> None:
+        gated = gate.intercept_service(lambda _: handler, details)
+        gated.response_serializer(gated.unary_unary(gated.request_deserializer(wire), context))
+
+    calls = {"rest": http("/v1/models/flowers:predict",
+                          json.dumps({"instances": [{"b64": base64.b64encode(photo).decode()}]}).encode(),
+                          Content_Type="application/json"),
+             "v2": http("/v2/models/flowers/infer", header + raw, Content_Type="application/octet-stream",
+                        Inference_Header_Content_Length=str(len(header))),
+             "grpc": grpc_predict}
+    cpu = {}
+    for protocol, call in calls.items():
+        for _ in range(50):  # warm every cache the path fills on first use
+            call()
+        started = time.thread_time()
+        for _ in range(requests):
+            call()
+        cpu[protocol] = 1000 * (time.thread_time() - started) / requests
+    dataplane.close()
+    return cpu
+
+
+def interpreter(tree: str) -> str:
+    venv = os.path.join(tree, ".venv", "bin", "python")
+    return venv if os.path.exists(venv) else sys.executable
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", action="append", default=[], help="an earlier checkout; may be repeated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=1500, help="requests of each protocol per round")
+    parser.add_argument("--_tree", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._tree:
+        print(json.dumps(serve_requests(args._tree, args.requests)))
+        return 0
+    trees = {"this checkout": ROOT, **{os.path.basename(os.path.normpath(t)): os.path.abspath(t) for t in args.before}}
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for round_ in range(args.rounds):
+        order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+        for name in order:
+            tree = trees[name]
+            out = subprocess.run([interpreter(tree), os.path.abspath(__file__), "--_tree", tree,
+                                  "--requests", str(args.requests)], cwd=tree, check=True, capture_output=True,
+                                 text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+            samples[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"round {round_ + 1} of {args.rounds} done", file=sys.stderr)
+    print("| checkout | " + " | ".join(f"{p} ms/request (rounds)" for p in PROTOCOLS) + " |")
+    print("|---|" + "---|" * len(PROTOCOLS))
+    medians = {name: {p: statistics.median(s[p] for s in runs) for p in PROTOCOLS} for name, runs in samples.items()}
+    for name, runs in samples.items():
+        print(f"| {name} | " + " | ".join(
+            f"{medians[name][p]:.3f} ({', '.join(f'{s[p]:.3f}' for s in runs)})" for p in PROTOCOLS) + " |")
+    for name in list(trees)[1:]:
+        print(f"this checkout ÷ {name}: " + ", ".join(
+            f"{p} {medians['this checkout'][p] / medians[name][p]:.2f}x" for p in PROTOCOLS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
