@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import os
 import sys
 import threading
@@ -33,12 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-# benchmarks/serving.py's load generator and photos, under a name of its own: `serving` is Petal's package
-_spec = importlib.util.spec_from_file_location("serving_benchmark", os.path.join(ROOT, "benchmarks", "serving.py"))
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["serving_benchmark"] = bench
-_spec.loader.exec_module(bench)
+from serving_benchmark import bench  # noqa: E402  benchmarks/serving.py: its load generator, photos and /proc readers
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MODEL_DIR = os.path.join("exported_models", "flowers")
@@ -71,19 +65,8 @@ def model_cpu_per_image(photos: list[bytes], seconds: float) -> dict[int, float]
 
 def thread_ticks(pid: int) -> dict[tuple[int, int], tuple[str, int]]:
     """(process, thread) -> (group, user + system clock ticks) for every thread of `pid`'s process tree."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = bench._read(f"/proc/{name}/stat").rsplit(")", 1)[-1].split()
-            if fields:
-                parents[int(name)] = int(fields[1])
-    tree, grown = {pid}, True
-    while grown:
-        found = {p for p, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        grown = bool(found)
     ticks = {}
-    for process in tree:
+    for process in bench.process_tree(pid, bench.process_stats()):
         for task in bench._list(f"/proc/{process}/task"):
             stat = bench._read(f"/proc/{process}/task/{task}/stat")
             if stat:

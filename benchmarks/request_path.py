@@ -119,11 +119,6 @@ def serve_requests(tree: str, requests: int) -> dict[str, float]:
     return cpu
 
 
-def interpreter(tree: str) -> str:
-    venv = os.path.join(tree, ".venv", "bin", "python")
-    return venv if os.path.exists(venv) else sys.executable
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", action="append", default=[], help="an earlier checkout; may be repeated")
@@ -134,13 +129,15 @@ def main() -> int:
     if args._tree:
         print(json.dumps(serve_requests(args._tree, args.requests)))
         return 0
+    from serving_benchmark import bench  # only here: a checkout's process must import that checkout's code alone
+
     trees = {"this checkout": ROOT, **{os.path.basename(os.path.normpath(t)): os.path.abspath(t) for t in args.before}}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for round_ in range(args.rounds):
         order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
         for name in order:
             tree = trees[name]
-            out = subprocess.run([interpreter(tree), os.path.abspath(__file__), "--_tree", tree,
+            out = subprocess.run([bench.interpreter(tree), os.path.abspath(__file__), "--_tree", tree,
                                   "--requests", str(args.requests)], cwd=tree, check=True, capture_output=True,
                                  text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
             samples[name].append(json.loads(out.stdout.strip().splitlines()[-1]))

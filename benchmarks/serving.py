@@ -85,21 +85,34 @@ def server_usage(pid: int) -> tuple[float, int]:
     """User + system CPU seconds of a server's whole process tree (gunicorn's master, its workers, anything they
     started), with the CPU of the children each has reaped, and the context switches of its live threads, from
     /proc: every live process descended from `pid`."""
+    stats = process_stats()
+    tree = process_tree(pid, stats)
+    ticks = sum(int(f) for p in tree if p in stats for f in stats[p][11:15])
+    switches = sum(int(line.split()[1]) for p in tree for task in _list(f"/proc/{p}/task")
+                   for line in _read(f"/proc/{p}/task/{task}/status").splitlines() if "ctxt_switches" in line)
+    return ticks / os.sysconf("SC_CLK_TCK"), switches
+
+
+def process_stats() -> dict[int, list[str]]:
+    """Every live process's /proc/PID/stat fields after its name: [1] is the parent; [11]-[14] utime, stime, cutime,
+    cstime."""
     stats: dict[int, list[str]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             fields = _read(f"/proc/{name}/stat").rsplit(")", 1)[-1].split()
             if len(fields) > 14:
-                stats[int(name)] = fields  # fields[1] is the parent; 11-14 utime, stime, cutime, cstime
+                stats[int(name)] = fields
+    return stats
+
+
+def process_tree(pid: int, stats: dict[int, list[str]]) -> set[int]:
+    """`pid` and every live process descended from it, of `process_stats()`."""
     tree, grown = {pid}, True
     while grown:
         found = {p for p, fields in stats.items() if int(fields[1]) in tree} - tree
         tree |= found
         grown = bool(found)
-    ticks = sum(int(f) for p in tree if p in stats for f in stats[p][11:15])
-    switches = sum(int(line.split()[1]) for p in tree for task in _list(f"/proc/{p}/task")
-                   for line in _read(f"/proc/{p}/task/{task}/status").splitlines() if "ctxt_switches" in line)
-    return ticks / os.sysconf("SC_CLK_TCK"), switches
+    return tree
 
 
 def _list(path: str) -> list[str]:
