@@ -1,17 +1,20 @@
 """The request path's own CPU, in-process, against earlier checkouts: a quieter A/B than benchmarks/serving.py for a
 change on the path.
 
-    .venv/bin/python benchmarks/request_path.py [--before ../prev] [--rounds 5] [--requests 1500]
+    .venv/bin/python benchmarks/request_path.py [--before ../prev] [--blocks 20] [--requests 150]
 
 Each checkout runs in a process of its own, on its own code (its folder first on the path, its .venv if it has
-one), the rounds interleaved between checkouts. A process loads the shipped flowers model into a real DataPlane,
-sets up TensorFlow as a worker does, and serves one 480x360 photo per request through what
-tests/inprocess/test_request_calls.py counts: REST predict and V2 binary infer through gunicorn's parser, Petal's
-gevent worker on a socket pair and the Flask app; gRPC Predict through the gate and the servicer (grpcio's own
-threads aside). The model runs on TensorFlow's pool, as under load (not on the calling thread, as a lone request's
-does), so the calling thread's CPU is the path's:
-socket, HTTP, Flask, codecs, dataplane, batcher, answer. serving.py's columns of one commit differ by 10% or more
-from run to run at concurrency 1; this calling-thread CPU of one commit by a few percent.
+one). A process loads the shipped flowers model into a real DataPlane, sets up TensorFlow as a worker does, and
+serves one 480x360 photo per request through what tests/inprocess/test_request_calls.py counts: REST predict and
+V2 binary infer through gunicorn's parser, Petal's gevent worker on a socket pair and the Flask app; gRPC Predict
+through the gate and the servicer (grpcio's own threads aside). The model runs on TensorFlow's pool, as under load
+(not on the calling thread, as a lone request's does), so the calling thread's CPU is the path's: socket, HTTP,
+Flask, codecs, dataplane, batcher, answer.
+
+All the processes stay up and take turns, a block of requests of one protocol each, so that each block of this
+checkout has one of every other measured within a second or two of it: this machine's speed drifts by 20% or more
+from minute to minute, which separate runs (or rounds a process each) would measure instead of the change. What
+is printed is the median over the blocks of each block's ratio, with the middle half of those ratios.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ MODEL_DIR = os.path.join("exported_models", "flowers")
 PROTOCOLS = ("rest", "v2", "grpc")
 
 
-def serve_requests(tree: str, requests: int) -> dict[str, float]:
-    """In `tree`'s code: the calling thread's CPU (ms) per request of each protocol, `requests` of each."""
+def serve_requests(tree: str) -> None:
+    """In `tree`'s code: serve the blocks of requests that stdin asks for (see the module's docstring)."""
     sys.path.insert(0, tree)
     import grpc
     import numpy as np
@@ -107,51 +110,72 @@ def serve_requests(tree: str, requests: int) -> dict[str, float]:
              "v2": http("/v2/models/flowers/infer", header + raw, Content_Type="application/octet-stream",
                         Inference_Header_Content_Length=str(len(header))),
              "grpc": grpc_predict}
-    cpu = {}
-    for protocol, call in calls.items():
+    for call in calls.values():
         for _ in range(50):  # warm every cache the path fills on first use
             call()
+    print("ready", flush=True)
+    for line in sys.stdin:  # "protocol requests": run them, answer the calling thread's CPU per request (ms)
+        protocol, count = line.split()
+        call = calls[protocol]
         started = time.thread_time()
-        for _ in range(requests):
+        for _ in range(int(count)):
             call()
-        cpu[protocol] = 1000 * (time.thread_time() - started) / requests
+        print(1000 * (time.thread_time() - started) / int(count), flush=True)
     dataplane.close()
-    return cpu
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", action="append", default=[], help="an earlier checkout; may be repeated")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=1500, help="requests of each protocol per round")
+    parser.add_argument("--blocks", type=int, default=20, help="blocks of each protocol per checkout")
+    parser.add_argument("--requests", type=int, default=150, help="requests per block")
     parser.add_argument("--_tree", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._tree:
-        print(json.dumps(serve_requests(args._tree, args.requests)))
+        serve_requests(args._tree)
         return 0
     from serving_benchmark import bench  # only here: a checkout's process must import that checkout's code alone
 
     trees = {"this checkout": ROOT, **{os.path.basename(os.path.normpath(t)): os.path.abspath(t) for t in args.before}}
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for round_ in range(args.rounds):
-        order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
-        for name in order:
-            tree = trees[name]
-            out = subprocess.run([bench.interpreter(tree), os.path.abspath(__file__), "--_tree", tree,
-                                  "--requests", str(args.requests)], cwd=tree, check=True, capture_output=True,
-                                 text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-            samples[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"round {round_ + 1} of {args.rounds} done", file=sys.stderr)
-    print("| checkout | " + " | ".join(f"{p} ms/request (rounds)" for p in PROTOCOLS) + " |")
+    processes = {name: subprocess.Popen([bench.interpreter(tree), os.path.abspath(__file__), "--_tree", tree],
+                                        cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                 for name, tree in trees.items()}
+    try:
+        for name, process in processes.items():
+            for line in process.stdout:  # past anything a library printed while it loaded
+                if line.strip() == "ready":
+                    break
+            else:
+                raise SystemExit(f"{name}'s process ended before it was ready")
+        samples = {name: {p: [] for p in PROTOCOLS} for name in trees}
+        for block in range(args.blocks):
+            for protocol in PROTOCOLS:
+                for name in (list(trees) if block % 2 == 0 else list(reversed(trees))):
+                    process = processes[name]
+                    process.stdin.write(f"{protocol} {args.requests}\n")
+                    process.stdin.flush()
+                    samples[name][protocol].append(float(process.stdout.readline()))
+            print(f"block {block + 1} of {args.blocks} done", file=sys.stderr)
+    finally:
+        for process in processes.values():
+            process.stdin.close()
+            process.wait()
+    print("| checkout | " + " | ".join(f"{p} ms/request (median, lowest–highest block)" for p in PROTOCOLS) + " |")
     print("|---|" + "---|" * len(PROTOCOLS))
-    medians = {name: {p: statistics.median(s[p] for s in runs) for p in PROTOCOLS} for name, runs in samples.items()}
-    for name, runs in samples.items():
+    for name, each in samples.items():
         print(f"| {name} | " + " | ".join(
-            f"{medians[name][p]:.3f} ({', '.join(f'{s[p]:.3f}' for s in runs)})" for p in PROTOCOLS) + " |")
+            f"{statistics.median(each[p]):.3f} ({min(each[p]):.3f}–{max(each[p]):.3f})" for p in PROTOCOLS) + " |")
     for name in list(trees)[1:]:
-        print(f"this checkout ÷ {name}: " + ", ".join(
-            f"{p} {medians['this checkout'][p] / medians[name][p]:.2f}x" for p in PROTOCOLS))
+        print(f"this checkout ÷ {name}, median of the blocks' ratios (middle half): " + ", ".join(
+            f"{p} {_ratios(samples['this checkout'][p], samples[name][p])}" for p in PROTOCOLS))
     return 0
+
+
+def _ratios(this: list[float], other: list[float]) -> str:
+    ratios = [a / b for a, b in zip(this, other, strict=True)]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"{statistics.median(ratios):.3f}x ({quartiles[0]:.3f}–{quartiles[2]:.3f})"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec import UNSET
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import input_pb2
 from tritonclient.grpc import service_pb2
@@ -178,6 +179,20 @@ def test_v2_requests_with_any_header_tail_and_header_length(header, tail, choice
         checked_by_the_dataplane(request.inputs, SIGNATURES[1])
         outputs = {"x": np.array([[0.5, 0.25]], np.float32), "z": np.array([b"\xff"], dtype=object)}
         decodes_or_is_invalid(v2_json.encode_response, request, PredictResult("m", 1, "s", outputs, ["a"]))
+
+
+@SETTINGS
+@given(data=st.data(), dtype=st.sampled_from([np.float16, np.float32, np.float64]))
+def test_v2_json_answers_write_every_float_nan_and_infinities_included(data, dtype):
+    """Any float output, NaN, the infinities and values whose sum overflows included, reads back as the same
+    numbers: no value is written as null, as msgspec would write a NaN (encode_response's finiteness check)."""
+    width = np.finfo(dtype).bits
+    array = np.array(data.draw(st.lists(st.floats(width=width), max_size=6)), dtype=dtype)
+    body, header_length = v2_json.encode_response(v2_json.Infer({}, "", [], False, UNSET),
+                                                  PredictResult("m", 1, "s", {"x": array}, []))
+    written = json.loads(body)["outputs"][0]["data"]
+    assert header_length is None and all(isinstance(v, int | float) for v in written)
+    np.testing.assert_array_equal(np.array(written, dtype=np.float64), array.astype(np.float64))
 
 
 @SETTINGS

@@ -116,5 +116,6 @@ def response_outputs(request: Any, result: PredictResult) -> list[OutputTensor]:
     answered = []
     for name in [o.name for o in request.outputs] or list(result.outputs):
         array = output(result.outputs[name], classes.get(name, 0), result.class_names, name)
-        answered.append(OutputTensor(name, datatype_of(array), list(array.shape), binary_data(array)))
+        datatype = datatype_of(array)
+        answered.append(OutputTensor(name, datatype, list(array.shape), binary_data(array, datatype)))
     return answered

@@ -9,6 +9,7 @@ the data or the binary tail before an array is made.
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -183,9 +184,9 @@ def _decode_string(value: Any, name: str, is_base64: bool) -> bytes:
 
 # ---- answers -----------------------------------------------------------------------------------------------------
 
-def _json_data(array: np.ndarray) -> tuple[list[Any], dict[str, Any]]:
+def _json_data(array: np.ndarray, datatype: str) -> tuple[list[Any], dict[str, Any]]:
     """Flattened JSON data; BYTES that are not UTF-8 go as base64 and say so."""
-    if datatype_of(array) != "BYTES":
+    if datatype != "BYTES":
         return array.reshape(-1).tolist(), {}
     items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
     try:
@@ -200,14 +201,17 @@ def encode_response(request: Infer, result: PredictResult) -> tuple[bytes, int |
     entries, tail, finite = [], [], True
     for out in requested:
         array = output(result.outputs[out.name], out.classes, result.class_names, out.name)
-        entry: dict[str, Any] = {"name": out.name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        datatype = datatype_of(array)
+        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(array.shape)}
         if out.binary:
-            raw = binary_data(array)
+            raw = binary_data(array, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             tail.append(raw)
         else:
-            entry["data"], extra = _json_data(array)
-            finite = finite and (array.dtype.kind != "f" or bool(np.isfinite(array).all()))
+            entry["data"], extra = _json_data(array, datatype)
+            # the sum of the values is finite only if each is (an overflow, too, takes the standard library's path,
+            # which writes finite values as well): for an answer's few values, 1/10 of numpy's isfinite
+            finite = finite and (array.dtype.kind != "f" or math.isfinite(sum(entry["data"])))
             if extra:
                 entry["parameters"] = extra
         entries.append(entry)

@@ -20,6 +20,7 @@ DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_UINT16": "UINT16", "DT_
              "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64",
              "DT_STRING": "BYTES"}
 NUMPY_TYPES = {DATATYPES[tf_name]: dtype for tf_name, dtype in NUMPY_DTYPES.items()}
+_DATATYPE_OF = {np.dtype(dtype): name for name, dtype in NUMPY_TYPES.items()}
 
 
 def declared_count(name: str, datatype: str, shape: list[int]) -> int:
@@ -61,16 +62,17 @@ def check_bytes_hold(raw: bytes | memoryview, name: str, shape: list[int], count
 
 
 def datatype_of(array: np.ndarray) -> str:
-    if array.dtype == object or array.dtype.kind in "SU":
+    if array.dtype.kind in "OSU":
         return "BYTES"
-    for name, dtype in NUMPY_TYPES.items():
-        if array.dtype == dtype:
-            return name
-    raise ServingError(Code.INTERNAL, f"Output dtype {array.dtype} has no V2 datatype")
+    name = _DATATYPE_OF.get(array.dtype)
+    if name is None:
+        raise ServingError(Code.INTERNAL, f"Output dtype {array.dtype} has no V2 datatype")
+    return name
 
 
-def binary_data(array: np.ndarray) -> bytes:
-    if datatype_of(array) != "BYTES":
+def binary_data(array: np.ndarray, datatype: str) -> bytes:
+    """`array` (of V2 `datatype`, as datatype_of gives it) in the binary form."""
+    if datatype != "BYTES":
         return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()  # tobytes writes C order
     return v2_bytes.frame(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
 
