@@ -129,6 +129,7 @@ def test_every_batch_is_full_and_padding_never_reaches_the_output(image_job):
 
 def test_top_k_lists_the_best_labels_in_order(image_job):
     results, _ = read_output(image_job[0])
+    assert len(results) == 100
     for row in results:
         prediction = row["prediction"]
         scores = [entry["score"] for entry in prediction["top_k"]]

@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from openapi_spec_validator import validate as validate_openapi
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -120,10 +121,11 @@ def split_v2_response(response) -> tuple[dict, bytes]:
 
 
 @pytest.fixture(scope="module")
-def reference(client) -> np.ndarray:
-    """The REST predict probabilities of [JPEG, JPEG2], the numbers every other path must reproduce."""
-    body = ok_json(client.post(PREDICT, json={"instances": [b64(JPEG), b64(JPEG2)]}))
-    return np.array([row["probabilities"] for row in body["predictions"]], dtype=np.float32)
+def reference() -> np.ndarray:
+    """The probabilities of [JPEG, JPEG2] from the SavedModel's own signature, called by TensorFlow apart from the
+    server: the numbers every path must reproduce."""
+    signature = tf.saved_model.load(f"{tiny_model_base()}/1").signatures["serving_default"]
+    return signature(image_bytes=tf.constant([JPEG, JPEG2]))["probabilities"].numpy()
 
 
 # --- TF Serving REST: status and metadata --------------------------------------------------------------------

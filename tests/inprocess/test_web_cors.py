@@ -127,11 +127,13 @@ def test_disable_web_ui_leaves_the_pages_out_and_the_apis_in(dataplane_for):
     assert client.get("/healthz").status_code == 200
 
 
-def test_the_flags_parse(tmp_path):
+def test_the_flags_parse(tmp_path, capsys):
     assert parse_args([]).protocols.cors_allowed_origins == () and parse_args([]).protocols.disable_web_ui is False
     options = parse_args([f"--cors_allowed_origins={ALLOWED}, http://localhost:3000/", "--disable_web_ui"]).protocols
     assert options.cors_allowed_origins == (ALLOWED, "http://localhost:3000") and options.disable_web_ui is True
     assert parse_args(["--disable_web_ui=false"]).protocols.disable_web_ui is False
     for bad in ("dashboard.example", "https://dashboard.example/app", "ftp://x.example"):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exit_info:
             parse_args([f"--cors_allowed_origins={bad}"])
+        assert exit_info.value.code == 2
+        assert f"--cors_allowed_origins: not an origin (scheme://host[:port]): {bad!r}" in capsys.readouterr().err

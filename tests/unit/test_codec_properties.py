@@ -139,6 +139,23 @@ def test_tf_serving_classify_and_regress_bodies(data):
         assert isinstance(request.signature_name, str) and isinstance(request.input, input_pb2.Input)
 
 
+def test_each_codec_decodes_a_plain_valid_request():
+    """The properties here accept a refusal of anything; a codec that refused everything would pass them. One
+    plain request of each kind decodes to the tensor it carries."""
+    hi = np.array([b"hi"], dtype=object)
+    predict = tfserving_json.decode_predict(b'{"instances": [{"b64": "aGk="}]}', no_charge)
+    assert predict.tensors(SIGNATURES[0]) == {"x": [b"hi"]}
+    examples = tfserving_json.decode_examples(b'{"examples": [{"x": 1}]}', no_charge)
+    assert examples.input.example_list.examples[0].features.feature["x"].int64_list.value == [1]
+    infer = v2_json.decode_request(b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}',
+                                   None, no_charge)
+    grpc_infer = service_pb2.ModelInferRequest(model_name="m")
+    grpc_infer.inputs.add(name="x", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hi")
+    for tensors in (infer.inputs, tensor_proto.signature_inputs({"x": tensor_proto.encode(hi)}, LIMIT)(SIGNATURES[0]),
+                    v2_grpc.request_inputs(grpc_infer, LIMIT)):
+        assert list(tensors) == ["x"] and tensors["x"].tolist() == [b"hi"]
+
+
 @st.composite
 def v2_inputs(draw) -> dict:
     """A V2 input whose data fits its shape, or one whose data is in the binary tail."""

@@ -58,7 +58,9 @@ def test_every_yaml_parses_into_mappings(path):
 
 
 def test_kubernetes_objects_have_known_kinds_and_names():
-    for path in sorted(KUBERNETES.glob("*")):
+    paths = sorted(KUBERNETES.glob("*"))
+    assert paths, f"no Kubernetes files in {KUBERNETES}"
+    for path in paths:
         assert path.suffix == ".yaml", f"{path}: Kubernetes files end in .yaml"
         for doc in yaml.safe_load_all(path.read_text()):
             assert API_VERSIONS.get(doc["kind"]) == doc["apiVersion"], f"{path}: {doc['kind']} {doc['apiVersion']}"
@@ -98,7 +100,9 @@ def test_image_flags_pass_through_after_the_defaults():
 def test_dockerignore_keeps_what_the_image_copies_and_drops_the_rest():
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
-    for source in read_dockerfile().copies:
+    copies = read_dockerfile().copies
+    assert copies, "the Dockerfile's COPY lines were not found"
+    for source in copies:
         assert not dockerignore_excludes(source, patterns), f"COPY {source} is excluded from the build context"
     for heavy in (".venv", "data", "runs", "tests", ".git", "exported_models/other_model", "serving/__pycache__"):
         assert dockerignore_excludes(heavy, patterns), f"{heavy} would be sent to the builder"
