@@ -9,7 +9,8 @@ serves one 480x360 photo per request through what tests/inprocess/test_request_c
 V2 binary infer through gunicorn's parser, Petal's gevent worker on a socket pair and the Flask app; gRPC Predict
 through the gate and the servicer (grpcio's own threads aside). The model runs on TensorFlow's pool, as under load
 (not on the calling thread, as a lone request's does), so the calling thread's CPU is the path's: socket, HTTP,
-Flask, codecs, dataplane, batcher, answer.
+Flask, codecs, dataplane, its side of the batcher, answer. What other threads spend (a batch thread's part of a
+batched call, TensorFlow's pool) is not counted: benchmarks/cpu_budget.py splits a served request's CPU by thread.
 
 All the processes stay up and take turns, a block of requests of one protocol each, so that each block of this
 checkout has one of every other measured within a second or two of it: this machine's speed drifts by 20% or more
