@@ -40,24 +40,20 @@ MODEL_DIR = os.path.join("exported_models", "flowers")
 
 def model_cpu_per_image(photos: list[bytes], seconds: float) -> dict[int, float]:
     """The model's CPU per image (ms) at each batch size, run as a worker runs it, one caller on the niced pool."""
-    import numpy as np
-
     from exported_models.model_format import exported_versions
-    from serving.core import loaders
     from serving.flags import parse_args
     from serving.tensorflow_runtime import configure_tensorflow
 
     configure_tensorflow(parse_args([f"--model_base_path={MODEL_DIR}", f"--model_name={bench.MODEL}"]))
     version = max(exported_versions(MODEL_DIR))
-    model = loaders.load(os.path.join(MODEL_DIR, str(version)), loaders.LoadOptions())
+    call, batch_of = bench.model_call(os.path.join(MODEL_DIR, str(version)), loader=True)
     costs = {}
     for size in BATCH_SIZES:
-        batches = [np.array([photos[(i + j) % len(photos)] for j in range(size)], dtype=object)
-                   for i in range(len(photos))]
-        model.run("serving_default", {"image_bytes": batches[0]}, ["probabilities"])
+        batches = [batch_of([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]
+        call(batches[0])
         calls, started, cpu = 0, time.monotonic(), time.process_time()
         while time.monotonic() - started < seconds:
-            model.run("serving_default", {"image_bytes": batches[calls % len(batches)]}, ["probabilities"])
+            call(batches[calls % len(batches)])
             calls += 1
         costs[size] = 1000 * (time.process_time() - cpu) / (calls * size)
     return costs

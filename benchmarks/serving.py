@@ -538,7 +538,7 @@ def _call_until(stop_at: float, call, batches: list, size: int, counts: list[int
         counts[i] += size
 
 
-def _model_call(model_dir: str, loader: bool):
+def model_call(model_dir: str, loader: bool):
     """The model's probabilities for a batch of JPEGs, and the batch as that call takes it: the signature through
     tf.saved_model.load, or (`loader`) through Petal's own loader as its workers call it."""
     import tensorflow as tf
@@ -560,7 +560,7 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
 
     if intra:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
-    call, batch_of = _model_call(model_dir, loader)
+    call, batch_of = model_call(model_dir, loader)
     best = Limit(0.0, 1, 1, 0.0, 0.0)
     for size in LIMIT_BATCH_SIZES:
         batches = [batch_of([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]

@@ -99,7 +99,8 @@ class FunctionModel:
     def __init__(self, path: str, graph, tags: frozenset[str]):
         self._loaded = tf.saved_model.load(path, tags=sorted(tags))
         self.metadata = model_format.signature_infos(graph, internal=True)
-        self.signatures = {key: info for key, info in self.metadata.items() if key in self._loaded.signatures}
+        self.signatures = {key: info for key, info in model_format.callable_signatures(self.metadata).items()
+                           if key in self._loaded.signatures}
         self._calls = {key: _FlatCall(self._loaded.signatures[key]) for key in self.signatures}
 
     def run(self, key: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
