@@ -558,6 +558,8 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
     alone may not fill every core, and the server runs a batch per core), and one photo at a time."""
     import tensorflow as tf
 
+    from serving.cpus import available_cores
+
     if intra:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
     call, batch_of = model_call(model_dir, loader)
@@ -565,7 +567,7 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
     for size in LIMIT_BATCH_SIZES:
         batches = [batch_of([photos[(i + j) % len(photos)] for j in range(size)]) for i in range(len(photos))]
         call(batches[0])
-        for callers in sorted({1, os.cpu_count() or 1}):
+        for callers in sorted({1, available_cores()}):
             counts = [0] * callers
             stop_at = time.monotonic() + seconds
             started, cpu = time.monotonic(), time.process_time()
@@ -759,7 +761,7 @@ def report(name: str, photos: list[bytes], limits: list[Limit], results: dict[st
         print(f"- in-process with {each.threads}: {each.rate:.0f} images/s (batch {each.batch}, {each.callers} "
               f"calling, {each.cpu_ms:.2f} ms CPU per image), single image {each.single_ms:.2f} ms "
               f"({each.single_cpu_ms:.2f} ms CPU)")
-    limit = dataclasses.replace(max(limits, key=lambda each: each.rate),
+    limit = dataclasses.replace(max(limits, key=lambda each: each.rate), cpu_ms=min(each.cpu_ms for each in limits),
                                 single_ms=min(each.single_ms for each in limits),
                                 single_cpu_ms=min(each.single_cpu_ms for each in limits))
     print(f"- the limit: {limit.rate:.0f} images/s; single image {limit.single_ms:.2f} ms, "
@@ -812,9 +814,12 @@ def spread(samples: dict[str, list[dict[int, dict]]], levels: list[int], titles:
 
 
 def _bound(limit: Limit, ceilings: dict[str, dict[int, dict]], c: int) -> None:
-    """What the cores allow when every image pays the model's best-batch CPU plus the cheapest possible request
-    (the server's and the load generator's CPU for a /healthz or health Check on the same machine)."""
-    cores = os.cpu_count() or 1
+    """What the cores allow when every image pays the model's least CPU per image (the least of the thread
+    settings' best batches) plus the cheapest possible request (the server's and the load generator's CPU for a
+    /healthz or health Check on the same machine)."""
+    from serving.cpus import available_cores
+
+    cores = available_cores()
     servers = {"http": "Petal REST/Petal V2 binary", "grpc": "Petal gRPC",
                "flask": "any Flask app on gunicorn gthread (the baseline's /healthz)"}
     for protocol, name in servers.items():
@@ -839,7 +844,8 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent before measuring")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each cell is their median")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds, an odd number; each cell is their median")
     parser.add_argument("--seed", type=int, default=0, help="shuffles each round's column order (printed)")
     parser.add_argument("--limit_seconds", type=float, default=1.0, help="seconds per in-process batch size")
     parser.add_argument("--petal_args", default="", help="extra `petal serve` flags, space-separated")
@@ -849,7 +855,10 @@ def main() -> int:
                         "worktree of the previous main): its REST, gRPC and V2 columns run side by side with this "
                         "one's, under its own .venv if it has one; may be given more than once")
     args = parser.parse_args()
+    if args.rounds % 2 == 0:
+        parser.error("--rounds must be odd: each cell is the median round, one real run")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from serving.cpus import available_cores
     from serving.tensorflow_logs import import_tensorflow
 
     import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
@@ -861,7 +870,7 @@ def main() -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     sets = photo_sets([tuple(int(x) for x in s.split("x")) for s in args.photo_sizes.split(",")])
     load = os.getloadavg()
-    print(f"model {model_dir}; {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+    print(f"model {model_dir}; {available_cores()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"{args.duration:g}s per run after {args.warmup:g}s warmup", flush=True)
     print(f"this checkout: {stack_versions(sys.executable)}")
     for tree in args.before:

@@ -74,7 +74,9 @@ def test_generate_writes_balanced_classes_and_splits(dataset):
 
 
 def test_csv_paths_are_relative_to_the_dataset_folder_and_match_their_class(dataset):
-    for path, label in _rows(dataset.train_csv) + _rows(dataset.eval_csv):
+    rows = _rows(dataset.train_csv) + _rows(dataset.eval_csv)
+    assert rows
+    for path, label in rows:
         assert not os.path.isabs(path) and path.split("/")[0] == label
         with Image.open(os.path.join(dataset.output_dir, path)) as image:
             assert image.format == "JPEG" and all(32 <= side <= 64 for side in image.size)
