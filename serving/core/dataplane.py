@@ -81,7 +81,8 @@ def coerce(name: str, value, info: TensorInfo, static_shapes: bool = True) -> np
             array = np.asarray(value)
             want = np.dtype(numpy_dtype(info.dtype))
             if array.size and array.dtype.kind not in _KINDS_FOR[want.kind]:
-                raise ValueError(f"got {array.dtype.name} values")
+                # TF Serving's words for it end "is not of expected type: float" (json_tensor.cc TypeError)
+                raise ValueError(f"got {array.dtype.name} values, not of expected type: {info.dtype[3:].lower()}")
             if array.size and want.kind in "iu" and (array.min() < np.iinfo(want).min or
                                                      array.max() > np.iinfo(want).max):
                 raise ValueError(f"values out of range of {want.name}")

@@ -81,10 +81,10 @@ def test_several_inputs_and_outputs_in_row_and_columnar_form(server):
 
 @pytest.mark.parametrize("body, message", [
     ({"signature_name": "multi", "inputs": {"ids": [[1.5, 2]], "text": ["a"]}},
-     "Input 'ids' expects DT_INT64: got float64 values"),
+     "Input 'ids' expects DT_INT64: got float64 values, not of expected type: int64"),
     ({"signature_name": "multi", "inputs": {"ids": [[True, False]], "text": ["a"]}},
-     "Input 'ids' expects DT_INT64: got bool values"),
-    ({"instances": [True]}, "Input 'x' expects DT_FLOAT: got bool values"),
+     "Input 'ids' expects DT_INT64: got bool values, not of expected type: int64"),
+    ({"instances": [True]}, "Input 'x' expects DT_FLOAT: got bool values, not of expected type: float"),
     ({"signature_name": "multi", "inputs": {"ids": [[1, 2]], "text": [5]}},
      "Input 'text' expects DT_STRING: expected strings, got int"),
     ({"signature_name": "multi", "inputs": {"ids": [1, 2], "text": ["a", "b"]}},

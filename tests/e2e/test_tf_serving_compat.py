@@ -579,6 +579,38 @@ def test_grpc_predict_of_tf_servings_test_client_request(grpc_client):
     assert tf.make_ndarray(response.outputs["y"]).tolist() == [3.0]
 
 
+# http_rest_api_handler_test.cc PredictRequestErrors and RegressionErrors (the "versions/HELLO" paths): its requests
+# byte for byte, and the substrings its assertions match in the answer, on its model (half_plus_two)
+HANDLER_TEST_ERRORS = [
+    (f"{HPT}:predict", b"", "JSON Parse error: The document is empty"),
+    (f"{HPT}:predict", b"instances = [1, 2]", "JSON Parse error: Invalid value"),
+    (f"{HPT}:predict", b'{ "instances": ["x", "y"] }', "not of expected type: float"),
+    (f"{HPT}/labels/nonexistent:predict", b'{ "instances": ["x", "y"] }', "Unrecognized servable version label"),
+    (f"{HPT}:predict", b'{ "signature_name": 100 }', "'signature_name' key must be a string value."),
+    (f"{HPT}/versions/HELLO:regress", b'{"examples": [{"x": 80.0}]}', "Malformed request"),
+    (f"{HPT}/versions/some_label:regress", b'{"examples": [{"x": 80.0}]}', "Malformed request"),
+]
+
+
+@pytest.mark.parametrize("path, body, substring", HANDLER_TEST_ERRORS,
+                         ids=["empty", "not JSON", "strings for floats", "unknown label", "signature_name 100",
+                              "version HELLO", "version some_label"])
+def test_rest_errors_of_tf_servings_handler_test(server, path, body, substring):
+    response = requests.post(f"{server.rest_url}/v1/models/{path}", data=body, timeout=TIMEOUT)
+    assert response.status_code == 400 and set(response.json()) == {"error"}, response.text
+    assert substring in response.json()["error"]
+
+
+def test_rest_base64_is_read_as_tf_serving_reads_it(clients):
+    """absl::Base64Unescape (json_tensor.cc's decoder for {"b64"}) skips whitespace and takes base64 without its
+    padding: a tf.Example sent so regresses as the padded one does."""
+    padded = base64.b64encode(example(x=80.0).SerializeToString()).decode()
+    assert padded.endswith("=")  # or leaving the padding out would test nothing
+    for text in (padded, padded.rstrip("="), f"{padded[:8]} \n{padded[8:]}"):
+        body = {"signature_name": "regress_x_to_y", "inputs": [{"b64": text}]}
+        assert clients["rest"].post(f"{HPT}/versions/123:predict", body) == {"outputs": [[42.0]]}, text
+
+
 # --- classify and regress ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec, examples, expected", [

@@ -50,11 +50,11 @@ def test_every_json_dtype_in_rows_and_columns():
 
 
 @pytest.mark.parametrize("dtype, value, message", [
-    ("DT_BOOL", [1], "Input 'v' expects DT_BOOL: got int64 values"),
-    ("DT_INT32", [2.0], "Input 'v' expects DT_INT32: got float64 values"),
+    ("DT_BOOL", [1], "Input 'v' expects DT_BOOL: got int64 values, not of expected type: bool"),
+    ("DT_INT32", [2.0], "Input 'v' expects DT_INT32: got float64 values, not of expected type: int32"),
     ("DT_UINT8", [256], "Input 'v' expects DT_UINT8: values out of range of uint8"),
     ("DT_INT8", [-129], "Input 'v' expects DT_INT8: values out of range of int8"),
-    ("DT_FLOAT", [False], "Input 'v' expects DT_FLOAT: got bool values"),
+    ("DT_FLOAT", [False], "Input 'v' expects DT_FLOAT: got bool values, not of expected type: float"),
 ], ids=["int for bool", "float for int32", "past uint8", "below int8", "bool for float"])
 def test_json_values_must_fit_the_dtype_as_in_tf_serving(dtype, value, message):
     with pytest.raises(ServingError) as error:

@@ -34,6 +34,7 @@ T = TypeVar("T")
 Charge = Callable[[int], None]
 
 MAX_JSON_DEPTH = 64
+DEBUG_BYTES = 256  # TF Serving cuts a JSON value quoted in an error to this much
 MAX_NUMBER_DIGITS = 100
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")  # so that one substring search finds a long number
@@ -87,7 +88,7 @@ def scan(data: bytes, charge: Charge) -> Document:
     outside a string is malformed JSON, which msgspec then refuses). For a document msgspec parses,
     the cut is exact; for any other the checks may see garbage, and the document is refused either way."""
     if not data or data.isspace():
-        raise invalid("JSON Parse error: The document is empty")
+        raise invalid("JSON Parse error: The document is empty. at offset: 0")
     encoding = json.detect_encoding(data)
     if encoding != "utf-8":
         try:
@@ -129,32 +130,56 @@ def decode(data: bytes, decoder: msgspec.json.Decoder[T], charge: Charge) -> tup
     try:
         return decoder.decode(document.data), document
     except msgspec.ValidationError as error:
-        raise invalid(value_error(str(error))) from None
+        raise invalid(value_error(str(error), document.data)) from None
     except msgspec.DecodeError as error:
         raise invalid(f"JSON Parse error: {_parse_error(document.data, str(error))}") from None
 
 
-def value_error(message: str) -> str:
+def debug_text(data: bytes) -> str:
+    """The start of a document, as TF Serving quotes the JSON value an error is about (its JsonValueToDebugString
+    cuts it to DEBUG_BYTES)."""
+    return data[:DEBUG_BYTES].decode("utf-8", "replace")
+
+
+def value_error(message: str, data: bytes) -> str:
     """A msgspec ValidationError as a client reads it: the field's path is in it, except for the document itself,
-    where TF Serving's text says what it needs."""
+    which gets TF Serving's text (json_tensor.cc: `JSON Value: <document> Is not object`)."""
     if message.startswith("Expected `object`") and " - at " not in message:
-        return "JSON Value is not an object"
+        return f"JSON Value: {debug_text(data)} Is not object"
     return f"JSON Value error: {message}"
 
 
+# msgspec's syntax errors in RapidJSON's words (its GetParseError_En), which TF Serving's parse errors carry and its
+# clients match on ("JSON Parse error: Invalid value", http_rest_api_handler_test.cc); the first that is found in
+# msgspec's message applies.
+_RAPIDJSON_TEXTS = (
+    ("trailing characters", "The document root must not be followed by other values."),
+    ("expected ',' or ']'", "Missing a comma or ']' after an array element."),
+    ("expected ',' or '}'", "Missing a comma or '}' after an object member."),
+    ("expected ':'", "Missing a colon after a name of object member."),
+    ("object keys must be strings", "Missing a name for object member."),
+    ("trailing comma in object", "Missing a name for object member."),
+    ("invalid escape character", "Invalid escape character in string."),
+    ("unicode escape", "Incorrect hex digit after \\u escape in string."),
+    ("Invalid UTF-8", "Invalid encoding in string."),
+)
+
+
 def _parse_error(data: bytes, message: str) -> str:
-    """msgspec's syntax error, said plainly for the mistakes clients make: Python's json.dumps writes NaN and
-    Infinity for non-finite floats, and a lone UTF-16 surrogate can never become text."""
+    """msgspec's syntax error as RapidJSON words it, with the offset TF Serving adds; said plainly for the mistakes
+    clients make that TF Serving accepts and Petal does not: Python's json.dumps writes NaN and Infinity for
+    non-finite floats, and a lone UTF-16 surrogate can never become text."""
     if "surrogate" in message or _LONE_SURROGATE.search(data):
         return "a string holds a lone UTF-16 surrogate escape (\\uD800-\\uDFFF)"
     match = _BYTE_OFFSET.search(message)
+    at = int(match[1]) if match else len(data)
     if match:
-        at = int(match[1])
-        at -= data[at - 1:at] == b"-"
+        start = at - (data[at - 1:at] == b"-")
         for word in (b"NaN", b"Infinity", b"-Infinity"):
-            if data.startswith(word, at):
+            if data.startswith(word, start):
                 return f"{word.decode()} is not a JSON number"
-    return message
+    text = next((text for key, text in _RAPIDJSON_TEXTS if key in message), "Invalid value.")
+    return f"{text} at offset: {at}"
 
 
 class _Duplicate(Exception):

@@ -15,13 +15,13 @@ import base64
 import json
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import msgspec
 import numpy as np
 import orjson
 from google.protobuf import json_format
-from msgspec import UNSET, Meta, UnsetType
+from msgspec import UNSET
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import input_pb2
 
@@ -32,18 +32,18 @@ from serving.protocols.codec.text import b64decode
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _UINT64_MAX = (1 << 64) - 1
-_DEBUG_BYTES = 256  # TF Serving cuts a JSON value quoted in an error to this much
 
 
 class _PredictBody(msgspec.Struct):
-    signature_name: str | None | UnsetType = UNSET
-    instances: Annotated[list[Any], Meta(min_length=1)] | UnsetType = UNSET
+    """Untyped, so that what is wrong with a field gets TF Serving's text for it (json_tensor.cc), which its clients
+    and its own tests match on."""
+    signature_name: Any = UNSET
+    instances: Any = UNSET
     inputs: Any = UNSET
 
 
 class _ExamplesBody(msgspec.Struct):
-    """Only the signature name is typed: the examples keep TF Serving's own texts for what is wrong with them."""
-    signature_name: str | None | UnsetType = UNSET
+    signature_name: Any = UNSET
     context: Any = UNSET
     examples: Any = UNSET
 
@@ -119,12 +119,20 @@ class PredictRequest:
 def decode_predict(data: bytes, charge: Charge) -> PredictRequest:
     """A predict body, every {"b64"} decoded; its tensors are checked against a signature by the DataPlane."""
     body, document = strict_json.decode(data, _PREDICT, charge)
-    if (body.instances is UNSET) == (body.inputs is UNSET):
-        raise invalid("Exactly one of \"instances\" (row format) or \"inputs\" (columnar format) must be present")
-    signature_name = body.signature_name or ""
+    signature_name = _signature_name(body.signature_name, document.data)
+    if body.instances is UNSET and body.inputs is UNSET:
+        raise invalid("Missing 'inputs' or 'instances' key")
+    if body.instances is not UNSET and body.inputs is not UNSET:
+        raise invalid(f"JSON Value: {strict_json.debug_text(document.data)} Not formatted correctly expecting only "
+                      "one of 'inputs' or 'instances' keys to exist ")
     keys = strict_json.present(body)
-    if not isinstance(body.instances, UnsetType):
+    if body.instances is not UNSET:
         rows = body.instances
+        if not isinstance(rows, list):
+            raise invalid(f"JSON Value: {strict_json.debug_text(document.data)} Expecting 'instances' to be an "
+                          "list/array")
+        if not rows:
+            raise invalid(f"JSON Value: {strict_json.debug_text(document.data)} No values in 'instances' array")
         named_rows = sum(map(_named, rows))
         keys += sum(len(row) for row in rows if _named(row))
         # Objects besides the body and its named rows can only be {"b64"} values: without them, nothing to walk.
@@ -143,6 +151,16 @@ def decode_predict(data: bytes, charge: Charge) -> PredictRequest:
 
 
 def _as_is(value: object) -> object:
+    return value
+
+
+def _signature_name(value: object, data: bytes) -> str:
+    """The body's signature name, "" (the default) when it has none; anything but a string is TF Serving's error."""
+    if value is UNSET:
+        return ""
+    if not isinstance(value, str):
+        raise invalid(f"JSON Value: {strict_json.debug_text(data)} not formatted correctly. 'signature_name' key "
+                      "must be a string value.")
     return value
 
 
@@ -175,6 +193,7 @@ class ExamplesRequest:
 def decode_examples(data: bytes, charge: Charge) -> ExamplesRequest:
     """A classify or regress body as the gRPC Input TF Serving builds from it."""
     body, document = strict_json.decode(data, _EXAMPLES, charge)
+    signature_name = _signature_name(body.signature_name, document.data)
     walk = _Bytes()
     fields: dict[str, Any] = {name: getattr(body, name) for name in body.__struct_fields__
                               if getattr(body, name) is not UNSET}
@@ -187,7 +206,7 @@ def decode_examples(data: bytes, charge: Charge) -> ExamplesRequest:
         keys += sum(len(e) for e in body.examples if isinstance(e, dict))
     request_input = input_from_json(fields)
     strict_json.check_keys(document, keys + walk.keys)
-    return ExamplesRequest(body.signature_name or "", request_input)
+    return ExamplesRequest(signature_name, request_input)
 
 
 def example_input(example: object) -> input_pb2.Input:
@@ -197,7 +216,7 @@ def example_input(example: object) -> input_pb2.Input:
 
 def _debug(value: object) -> str:
     text = json.dumps(value, separators=(",", ":"), default=lambda v: "<bytes>")
-    return text[:_DEBUG_BYTES]
+    return text[:strict_json.DEBUG_BYTES]
 
 
 def _json_type(value: object) -> str:

@@ -21,7 +21,7 @@ from werkzeug.routing import BaseConverter
 from serving.config import ProtocolOptions
 from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, Task, invalid
 from serving.protocols.codec import strict_json, tfserving_json
-from serving.protocols.codec.text import ascii_int, parse_version
+from serving.protocols.codec.text import ascii_int
 from serving.protocols.rest.admission import charge_of
 from serving.protocols.rest.httputil import current_request, json_response, request_body
 
@@ -76,10 +76,16 @@ def malformed() -> ServingError:
 
 
 def path_version(text: str | None) -> int | None:
-    """The version a /v1 path names: TF Serving reads it as an int64 (absl::SimpleAtoi), so a larger number is its
-    400 "Failed to convert version" rather than a version not found."""
-    version = parse_version(text)
-    if version is not None and version > INT64_MAX:
+    """The version a /v1 path names. TF Serving's path patterns take only digits there (http_rest_api_util.cc), so
+    any other segment is a path it does not have, its "Malformed request"; it reads the digits as an int64
+    (absl::SimpleAtoi), so a larger number is its 400 "Failed to convert version" rather than a version not
+    found."""
+    if text is None:
+        return None
+    version = ascii_int(text)
+    if version is None:
+        raise malformed()
+    if version > INT64_MAX:
         raise invalid(f"Failed to convert version: {text} to numeric.")
     return version
 
