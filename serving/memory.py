@@ -37,6 +37,10 @@ BYTES_PER_PIXEL = 4
 # the signature's dtype: 25-70 bytes a value measured, whatever its digits).
 BODY_BYTES_FACTOR = 4
 JSON_VALUE_BYTES = 64
+# Each tf.Example of a Classify, Regress or MultiInference request, beyond its bytes: the Python bytes object of its
+# serialization and its slot in the string vector, twice (serving/core/examples.py); an empty example cost about
+# 210 bytes measured (4 million of them in one gRPC Classify: +823 MiB before they were charged).
+EXAMPLE_BYTES = 256
 # Without a cgroup to measure, the footprint is estimated: a worker's resident memory with the default model, idle
 # (measured with benchmarks/memory.py: 631-655 MB), and the gunicorn master's.
 IDLE_WORKER_BYTES = 700 * MiB

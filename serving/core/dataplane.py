@@ -217,22 +217,28 @@ class DataPlane:
                 infos[task.key] = servable.signature(task.key)[1]
                 if not _image_task(task, infos[task.key]):
                     examples.check_signature(task.method, infos[task.key])
-            serialized = examples.serialized_examples(request_input)
-            results = []
-            for task in tasks:
-                info = infos[task.key]
-                if _image_task(task, info):
-                    images_bytes = np.array(examples.example_images(serialized, IMAGE_INPUT), dtype=object)
-                    outputs = self._run_on(servable, task.key, info, {IMAGE_INPUT: images_bytes}, deadline, api)
-                    rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.class_names, ALL_CLASSES)
-                    results.append(examples.Result(task.method, task.key, classifications=rows))
-                else:
-                    outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
-                    results.append(examples.result(task, outputs, len(serialized)))
-            if api == "multi_inference":  # TF Serving counts the examples of MultiInference alone (multi_inference.cc)
-                self.metrics.example_counts.observe(len(serialized), model=model)
-                self.metrics.example_count_total.inc(len(serialized), model=model)
-            return servable.version, results
+            with self.memory.hold(0) as hold:
+                serialized = examples.serialized_examples(request_input, hold.grow)
+                return servable.version, self._run_tasks(servable, model, tasks, infos, serialized, deadline, api)
+
+    def _run_tasks(self, servable: Servable, model: str, tasks: list[examples.Task], infos: dict[str, SignatureInfo],
+                   serialized: np.ndarray, deadline: float | None, api: str) -> list[examples.Result]:
+        """The tasks of multi_inference, apart so that its hold on the examples' memory spans every call."""
+        results = []
+        for task in tasks:
+            info = infos[task.key]
+            if _image_task(task, info):
+                images_bytes = np.array(examples.example_images(serialized, IMAGE_INPUT), dtype=object)
+                outputs = self._run_on(servable, task.key, info, {IMAGE_INPUT: images_bytes}, deadline, api)
+                rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.class_names, ALL_CLASSES)
+                results.append(examples.Result(task.method, task.key, classifications=rows))
+            else:
+                outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
+                results.append(examples.result(task, outputs, len(serialized)))
+        if api == "multi_inference":  # TF Serving counts the examples of MultiInference alone (multi_inference.cc)
+            self.metrics.example_counts.observe(len(serialized), model=model)
+            self.metrics.example_count_total.inc(len(serialized), model=model)
+        return results
 
     def classify_images(self, model: str, images_bytes: list[bytes], version: int | None = None,
                         label: str | None = None, signature_name: str = "", top_k: int = 5,

@@ -13,6 +13,7 @@ No model runs here (numpy and protos), so the dataplane and the warmup replay bo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ from tensorflow_serving.apis import input_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, dtype_name
 from serving.core.errors import Code, ServingError, invalid
+from serving.memory import EXAMPLE_BYTES
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
@@ -101,11 +103,19 @@ def _examples(request_input: input_pb2.Input) -> tuple[bytes, list[example_pb2.E
     return b"", []
 
 
-def serialized_examples(request_input: input_pb2.Input) -> np.ndarray:
-    """The DT_STRING vector TF Serving feeds: each example serialized, after the context's bytes if any."""
+def serialized_examples(request_input: input_pb2.Input, charge: Callable[[int], None] | None = None) -> np.ndarray:
+    """The DT_STRING vector TF Serving feeds: each example serialized, after the context's bytes if any.
+
+    The context is sent once and copied into every example, so a request of a few hundred KB can ask for gigabytes
+    (a 256 KB context and 4000 empty examples: 1 GB). With `charge` (a hold on the worker's memory budget), what
+    the vector and the call on it hold is charged before any copy is made, and a request that does not fit is
+    refused: every example's bytes twice (the vector's strings, then TensorFlow's copy of them or, for an image
+    classifier, the examples parsed again for their images) and EXAMPLE_BYTES of Python objects for each."""
     context, examples = _examples(request_input)
     if not examples:
         raise invalid("Input is empty.")
+    if charge is not None:
+        charge(2 * (len(examples) * (len(context) + EXAMPLE_BYTES) + sum(e.ByteSize() for e in examples)))
     return np.array([context + example.SerializeToString() for example in examples], dtype=object)
 
 

@@ -26,6 +26,7 @@ RECEIVERS = 4
 DECLARED = 60_000_000  # the message size a stalled call's first DATA frame declares
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 RELOAD = "/tensorflow.serving.ModelService/HandleReloadConfigRequest"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"  # V2's one stream, which Petal does not serve
 SLACK_S = 1.5  # for a loaded two-core machine
 
 
@@ -161,7 +162,10 @@ def stalled_message() -> bytes:
     (PREDICT, None, grpc.StatusCode.UNAUTHENTICATED, "Missing bearer token: send 'Authorization: Bearer <token>'"),
     (PREDICT, "nope-nope-nope-nope-nope", grpc.StatusCode.UNAUTHENTICATED, "Invalid bearer token"),
     (RELOAD, PREDICT_TOKEN, grpc.StatusCode.PERMISSION_DENIED, "Model control needs a token with the admin role"),
-], ids=["no-token", "wrong-token", "predict-token-reloads"])
+    # a stream method's token is checked as a unary one's: no client learns what is served without one
+    (STREAM, None, grpc.StatusCode.UNAUTHENTICATED, "Missing bearer token: send 'Authorization: Bearer <token>'"),
+    (STREAM, PREDICT_TOKEN, grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer is not served by Petal"),
+], ids=["no-token", "wrong-token", "predict-token-reloads", "stream-no-token", "stream-with-token"])
 def test_a_call_without_a_valid_token_is_refused_before_it_sends_its_message(channel, method, token, code, details):
     """The call sends its headers and never its message: the answer must not wait for it."""
     stop = threading.Event()

@@ -267,7 +267,8 @@ def test_unimplemented_extensions_say_so_and_log_nothing(server, v2_stub):
                                                    "RepositoryIndex is not served by Petal")
         error = call_error(v2_stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest())
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-        stream = v2_stub.ModelStreamInfer(iter([service_pb2.ModelInferRequest(model_name="half")]))
+        stream = v2_stub.ModelStreamInfer(iter([service_pb2.ModelInferRequest(model_name="half")]),
+                                          metadata=tuple(bearer().items()))  # without: UNAUTHENTICATED
         with pytest.raises(grpc.RpcError) as info:
             list(stream)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -258,6 +258,19 @@ def test_predict_compressed_body(client, reference, encoding, compress):
     np.testing.assert_allclose([row["probabilities"] for row in body["predictions"]], reference, rtol=1e-5)
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_multipart_form_with_a_content_encoding_is_415(client, encoding):
+    """The form is parsed from the body as sent: an encoded one was read as garbage and answered 400 "no field
+    named 'image'"."""
+    form = {"image": (io.BytesIO(JPEG), "a.jpg")}
+    response = client.post("/v1/models/flowers:classify_image", data=form, content_type="multipart/form-data",
+                           headers={"Content-Encoding": encoding})
+    assert_error(response, 415, "A multipart form is read as sent: send it without Content-Encoding$")
+    plain = client.post("/v1/models/flowers:classify_image", data={"image": (io.BytesIO(JPEG), "a.jpg")},
+                        content_type="multipart/form-data", headers={"Content-Encoding": "identity"})
+    assert plain.status_code == 200, plain.get_data(as_text=True)
+
+
 @pytest.mark.parametrize("path", [PREDICT, INFER, "/v1/models/flowers:classify_image"])
 @pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, br"])
 def test_a_body_in_an_encoding_the_server_does_not_read_is_415(client, path, encoding):

@@ -82,9 +82,48 @@ def test_a_jpeg_xl_size_is_the_one_tensorflow_decodes(path):
     b"\xff\xd8\xff\xd9",
     b"\xff\xd8garbage after the start of image",
 ], ids=["soi only", "lone marker", "truncated segment", "scan first", "end of image", "garbage"])
-def test_malformed_jpegs_give_no_size_so_tensorflow_decides(data):
+def test_a_jpeg_without_a_size_is_refused_not_counted_as_none(data):
+    """libjpeg cannot decode these either; refused, no JPEG whose size Petal missed passes as 0 pixels."""
     assert jpeg_pixels(data) is None
-    assert header_pixels(data) is None
+    with pytest.raises(ServingError, match="Invalid JPEG data: no image size in its header"):
+        header_pixels(data)
+
+
+def test_a_stuffed_zero_before_a_marker_is_read_past_as_libjpeg_reads_past_it():
+    """`FF 00` is no marker segment: libjpeg's next_marker skips it and finds the frame header after it. Read as a
+    segment of length 0x7F7F, it made Petal jump past the frame header and count a 64-megapixel JPEG as none."""
+    data = encode("RGB", (64, 48))
+    stuffed = data[:2] + b"\xff\x00\x7f\x7f" + data[2:]
+    assert jpeg_pixels(stuffed) == 64 * 48
+    assert tf.io.decode_jpeg(stuffed).shape == (48, 64, 3)
+
+
+def test_a_jpeg_xl_split_into_parts_is_read_across_them():
+    """The codestream in `jxlp` boxes is joined as libjxl joins it: a first part of two bytes made Petal read the
+    next box's header as the SizeHeader (72963 pixels for a 1920 x 1080 image)."""
+    whole = next(p for p in JXL_FILES if p.name.startswith("1920x1080")).read_bytes()
+    codestream = whole if whole[:2] == b"\xff\x0a" else None
+    assert codestream is not None, "the fixture is a bare codestream"
+
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", 8 + len(payload)) + kind + payload
+    container = b"\x00\x00\x00\x0cJXL \r\n\x87\n" + box(b"ftyp", b"jxl \x00\x00\x00\x00jxl ")
+    split = container + box(b"jxlp", bytes(4) + codestream[:2]) + box(b"jxlp", b"\x80\x00\x00\x01" + codestream[2:])
+    assert header_pixels(split) == 1920 * 1080
+    assert tuple(tf.io.decode_image(split).shape[:2]) == (1080, 1920)
+
+
+def test_an_animated_gif_counts_every_frame_tensorflow_reads():
+    """TensorFlow's GIF decoder holds every frame, even with expand_animations=False: 12 frames of 4000 x 4000 in
+    165 KB grew a worker by 182 MB while one frame was counted."""
+    rng = np.random.default_rng(0)  # frames that differ, which Pillow keeps apart
+    frames = [Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)) for _ in range(12)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    assert tf.io.decode_gif(buffer.getvalue()).shape[0] == 12
+    assert header_pixels(buffer.getvalue()) == 12 * 40 * 30
+    with pytest.raises(ServingError, match="14400 pixels"):
+        check_pixels(np.array([buffer.getvalue()], dtype=object), 40 * 30 * 11)
 
 
 def test_other_formats_are_read_by_pillow():
@@ -100,3 +139,19 @@ def test_check_pixels_passes_images_under_the_limit_and_non_images():
     assert check_pixels(grid, 100 * 100).tolist() == [[200, 9]]
     with pytest.raises(ServingError, match="10001 pixels"):
         check_pixels(np.array([encode("RGB", (10001, 1))], dtype=object), 100 * 100)
+
+
+@pytest.mark.parametrize("subsampling, charged", [(0, 2.5), (2, 1.75)], ids=["4:4:4", "4:2:0"])
+def test_a_progressive_jpeg_is_charged_for_the_coefficients_its_decoder_keeps(subsampling, charged):
+    """2 bytes for each sample of each component, on top of BYTES_PER_PIXEL a pixel: a 36 Mpx progressive JPEG
+    at 4:4:4 took 317 MB to decode where its baseline twin took 111 MB and 144 MB was charged. The limit counts
+    pixels alike."""
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    encoded = {}
+    for progressive in (False, True):
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", progressive=progressive, subsampling=subsampling)
+        encoded[progressive] = buffer.getvalue()
+    assert check_pixels(np.array([encoded[False]], dtype=object), 64 * 48).tolist() == [64 * 48]
+    assert check_pixels(np.array([encoded[True]], dtype=object), 64 * 48).tolist() == [int(64 * 48 * charged)]
+    assert header_pixels(encoded[True]) == 64 * 48

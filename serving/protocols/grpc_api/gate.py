@@ -199,7 +199,7 @@ class Gate(grpc.ServerInterceptor):
     or stalls thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and ServerReady)
     pass untouched: tiny, open to all, and never to be refused by a busy budget. With --access_log, every call
     leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
-    (ModelStreamInfer) answers UNIMPLEMENTED."""
+    (ModelStreamInfer), which answers UNIMPLEMENTED, has its token checked alone."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
                  receivers: int, reserve: int, receive_wait: float, pool: futures.ThreadPoolExecutor | None = None
@@ -216,12 +216,27 @@ class Gate(grpc.ServerInterceptor):
         self.watchdog = Watchdog()
         self.calls = threads.CallCount()  # a lone call runs its graph on its own thread (serving/threads.py)
 
+    def refusal(self, method: str, metadata: dict[str, str]) -> ServingError | None:
+        """Why the call's token does not allow it (UNAUTHENTICATED, PERMISSION_DENIED), or None."""
+        try:
+            self.authenticator.check(metadata.get("authorization"),
+                                     auth.ADMIN if method in CONTROL_METHODS else auth.PREDICT)
+        except ServingError as err:
+            return err
+        return None
+
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None or details.method.startswith(OPEN_SERVICE) \
-                or details.method in OPEN_METHODS:
+        if handler is None or details.method.startswith(OPEN_SERVICE) or details.method in OPEN_METHODS:
             return handler
         metadata = dict(details.invocation_metadata or ())
+        if handler.unary_unary is None:  # a stream (V2's ModelStreamInfer): it answers itself, once its token passes
+            refusal = self.refusal(details.method, metadata)
+            if refusal is None:
+                return handler
+            return grpc.stream_unary_rpc_method_handler(
+                lambda _messages, context: context.abort(GRPC_STATUS[refusal.code], refusal.message),
+                response_serializer=handler.response_serializer)
         behavior, parse = handler.unary_unary, handler.request_deserializer
         leased: list[Lease] = []  # the call's lease while its message is received
 
@@ -251,11 +266,9 @@ class Gate(grpc.ServerInterceptor):
 
         logged = Logged(gated, details.method, metadata) if self.log_requests else None
         call: Callable[[Received, grpc.ServicerContext], Any] = gated if logged is None else logged
-        try:
-            self.authenticator.check(metadata.get("authorization"),
-                                     auth.ADMIN if details.method in CONTROL_METHODS else auth.PREDICT)
-        except ServingError as err:  # answered without asking for the message: none of it is received
-            refused = Received(0, error=err)
+        refusal = self.refusal(details.method, metadata)
+        if refusal is not None:  # answered without asking for the message: none of it is received
+            refused = Received(0, error=refusal)
             return grpc.stream_unary_rpc_method_handler(lambda _messages, context: call(refused, context),
                                                         response_serializer=handler.response_serializer)
         starter = Starter(self, leased, logged) if self.pool is not None else None

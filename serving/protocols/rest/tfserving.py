@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import flask
+from werkzeug.exceptions import UnsupportedMediaType
 from werkzeug.routing import BaseConverter
 
 from serving.config import ProtocolOptions
@@ -133,6 +134,9 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
         request = current_request()
         top_k = _top_k(DEFAULT_TOP_K)
         if request.mimetype == "multipart/form-data":
+            if request.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower() not in ("", "identity"):
+                # werkzeug parses the form from the stream as sent: an encoded one would be read as garbage
+                raise UnsupportedMediaType("A multipart form is read as sent: send it without Content-Encoding")
             upload = request.files.get("image")
             if upload is None:
                 raise invalid("The multipart form has no field named 'image'")
