@@ -13,7 +13,7 @@ No model runs here (numpy and protos), so the dataplane and the warmup replay bo
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,13 +93,15 @@ def check_tasks(tasks: list[Task]) -> None:
 
 # --- inputs ---------------------------------------------------------------------------------------------------
 
-def _examples(request_input: input_pb2.Input) -> tuple[bytes, list[example_pb2.Example]]:
+def _examples(request_input: input_pb2.Input) -> tuple[bytes, Sequence[example_pb2.Example]]:
+    """The context's bytes and the examples, left in the message: a request of millions of empty examples is
+    charged (serialized_examples) before a Python object is made for any."""
     kind = request_input.WhichOneof("kind")
     if kind == "example_list":
-        return b"", list(request_input.example_list.examples)
+        return b"", request_input.example_list.examples
     if kind == "example_list_with_context":
         with_context = request_input.example_list_with_context
-        return with_context.context.SerializeToString(), list(with_context.examples)
+        return with_context.context.SerializeToString(), with_context.examples
     return b"", []
 
 
@@ -115,7 +117,7 @@ def serialized_examples(request_input: input_pb2.Input, charge: Callable[[int], 
     if not examples:
         raise invalid("Input is empty.")
     if charge is not None:
-        charge(2 * (len(examples) * (len(context) + EXAMPLE_BYTES) + sum(e.ByteSize() for e in examples)))
+        charge(2 * (len(examples) * (len(context) + EXAMPLE_BYTES) + request_input.ByteSize()))
     return np.array([context + example.SerializeToString() for example in examples], dtype=object)
 
 
