@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.core import DEFAULT_SIGNATURE, DataPlane, SignatureInfo, TensorInfo
-from serving.protocols.codec.v2_tensors import DATATYPES
+from serving.core import DEFAULT_SIGNATURE, DataPlane, PredictResult, SignatureInfo, TensorInfo, invalid
+from serving.protocols.codec.v2_tensors import DATATYPES, datatype_of
 
 PLATFORM = "tensorflow_savedmodel"
 # What the server metadata lists: the V2 extensions Petal serves, by Triton's names.
@@ -30,6 +30,15 @@ def batches(dataplane: DataPlane, signature: SignatureInfo) -> bool:
     """Whether the model batches in Triton's sense: batching is on and every input has a leading -1."""
     return dataplane.options.enable_batching and bool(signature.inputs) and all(
         t.shape and t.shape[0] == -1 for t in signature.inputs.values())
+
+
+def answered_by_a_batching_model(dataplane: DataPlane, result: PredictResult) -> Callable[[], bool]:
+    """Whether the signature that answered batches (`batches`), asked only by the classification extension, which
+    ranks each row of a batching model's output and the whole output of any other, as Triton does."""
+    def batched() -> bool:
+        _, signatures = dataplane.signatures(result.model, result.version)
+        return batches(dataplane, signatures[result.signature_name])
+    return batched
 
 
 def model_metadata(dataplane: DataPlane, model: str, version: int | None) -> dict[str, Any]:
@@ -65,10 +74,18 @@ def one_per_row(t: TensorInfo | None) -> bool:
     return t is not None and t.shape == [-1]
 
 
-def with_triton_dims(inputs: dict[str, np.ndarray]) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
+def with_triton_dims(inputs: dict[str, np.ndarray], model: str) -> Callable[[SignatureInfo], dict[str, np.ndarray]]:
     """The inputs as DataPlane.predict's function of the signature: an input of one value per row may come shaped
-    [rows, 1], the dims the model configuration declares (as perf_analyzer sends it), or [rows]."""
+    [rows, 1], the dims the model configuration declares (as perf_analyzer sends it), or [rows]. An input of
+    another datatype than the model's is refused, with Triton's text (core infer_request.cc), rather than cast:
+    numpy's float64 sent as FP64 to an FP32 input lost precision unseen."""
     def for_signature(info: SignatureInfo) -> dict[str, np.ndarray]:
+        for name, array in inputs.items():
+            expected = info.inputs.get(name)
+            given = datatype_of(array)
+            if expected is not None and DATATYPES.get(expected.dtype, expected.dtype) != given:
+                raise invalid(f"inference input '{name}' data-type is '{given}', but model '{model}' expects "
+                              f"'{DATATYPES.get(expected.dtype, expected.dtype)}'")
         return {name: array.reshape(len(array)) if one_per_row(info.inputs.get(name)) and array.ndim == 2
                 and array.shape[1] == 1 else array for name, array in inputs.items()}
     return for_signature

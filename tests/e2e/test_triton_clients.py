@@ -207,7 +207,9 @@ def raw_request(model: str, name: str, datatype: str, shape: list[int], raw: byt
      "7 bytes cannot hold the 2 BYTES elements"),
     (raw_request("half", "x", "FP32", [-1], b""), "INVALID_ARGUMENT", "negative"),
     (raw_request("half", "x", "COMPLEX", [1], b"\0" * 8), "INVALID_ARGUMENT", "unsupported datatype"),
-    (raw_request("half", "x", "FP64", [1], b"\0" * 8), "OK", ""),  # converted to the signature's FP32, as REST
+    # Triton refuses another datatype than the model's (core infer_request.cc), where casting lost precision unseen
+    (raw_request("half", "x", "FP64", [1], b"\0" * 8), "INVALID_ARGUMENT",
+     "inference input 'x' data-type is 'FP64', but model 'half' expects 'FP32'"),
     (raw_request("nope", "x", "FP32", [1], b"\0" * 4), "NOT_FOUND", "nope"),
     (raw_request("half", "wrong", "FP32", [1], b"\0" * 4), "INVALID_ARGUMENT", "Input names"),
     (service_pb2.ModelInferRequest(model_name="half", raw_input_contents=[b"", b""]), "INVALID_ARGUMENT",
@@ -215,9 +217,6 @@ def raw_request(model: str, name: str, datatype: str, shape: list[int], raw: byt
     (service_pb2.ModelInferRequest(model_name="half"), "INVALID_ARGUMENT", "at least one input"),
 ])
 def test_grpc_bad_requests_get_the_right_code(v2_stub, request_, code, words):
-    if code == "OK":
-        assert v2_stub.ModelInfer(request_, metadata=tuple(bearer().items())).outputs[0].datatype == "FP32"
-        return
     error = call_error(v2_stub.ModelInfer, request_)
     assert error.code().name == code and words in error.details()
 

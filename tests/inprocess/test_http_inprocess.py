@@ -689,6 +689,21 @@ def test_v2_infer_requested_outputs_and_classification(client, reference):
         np.testing.assert_allclose([float(score) for score, _, _ in parsed], expected[best], atol=2e-6)
 
 
+def test_v2_classification_of_a_model_that_does_not_batch_ranks_its_whole_output(make_dataplane, reference):
+    """With batching off the model's configuration says max_batch_size 0, and Triton then ranks the whole output
+    (extension_classification.md): two images' probabilities [2, 5] give the top 3 of all ten, shape [3], where the
+    rows were ranked apart ([2, 3])."""
+    unbatched = create_app(make_dataplane(model_base_path=tiny_model_base(), model_name="flowers",
+                                          enable_batching=False), PROTOCOLS).test_client()
+    assert ok_json(unbatched.get("/v2/models/flowers/config"))["max_batch_size"] == 0
+    body = {"inputs": [v2_bytes_input(JPEG, JPEG2)], "outputs": [{"name": "probabilities",
+                                                                  "parameters": {"classification": 3}}]}
+    top = outputs_by_name(ok_json(unbatched.post(INFER, json=body)))["probabilities"]
+    assert top["shape"] == [3]
+    best = np.argsort(-np.ravel(reference[:2]), kind="stable")[:3]
+    assert [int(entry.split(":")[1]) for entry in top["data"]] == best.tolist()
+
+
 def test_v2_infer_versioned_and_gzip(client, reference):
     data = gzip.compress(json.dumps({"inputs": [v2_bytes_input(JPEG)]}).encode())
     answer = ok_json(client.post("/v2/models/flowers/versions/1/infer", **raw(data, **{"Content-Encoding": "gzip"})))
@@ -722,7 +737,7 @@ V2_ERRORS = [
     ("datatype an object", {"json": {"inputs": [bytes_spec(datatype={})]}}, 400,
      "JSON Value error: Expected `str`, got `object` - at `$.inputs[0].datatype`$"),
     ("wrong datatype for the signature", {"json": {"inputs": [bytes_spec(datatype="FP32", data=[1.5])]}}, 400,
-     "Input 'image_bytes' expects DT_STRING: expected strings, got float$"),
+     "inference input 'image_bytes' data-type is 'FP32', but model 'flowers' expects 'BYTES'$"),
     ("numbers as BYTES", {"json": {"inputs": [bytes_spec(data=[1])]}}, 400,
      "Input 'image_bytes': BYTES data must be strings$"),
     ("shape and data disagree", {"json": {"inputs": [bytes_spec(shape=[2])]}}, 400,
@@ -744,7 +759,7 @@ V2_ERRORS = [
      "JSON Value error: Expected `array`, got `str` - at `$.outputs`$"),
     ("classification on BYTES", {"json": {"inputs": [bytes_spec()], "outputs": [
         {"name": "class", "parameters": {"classification": 2}}]}}, 400,
-     "Output 'class': classification needs a positive integer on a numeric output$"),
+     "Output 'class': class result not available for output due to unsupported type 'BYTES'$"),
     ("classification negative", {"json": {"inputs": [bytes_spec()], "outputs": [
         {"name": "probabilities", "parameters": {"classification": -1}}]}}, 400,
      "JSON Value error: Expected `int` >= 0 - at `$.outputs[0].parameters.classification`$"),
@@ -769,6 +784,12 @@ V2_ERRORS = [
      f"{HEADER_LENGTH} '\u00b2' does not fit a"),
     ("header length zero", binary_request(BIN_HEADER, frame([JPEG]), "0"), 400,
      "JSON Parse error: The document is empty. at offset: 0$"),
+    # Triton refuses both (http_server.cc): bytes no input claims, and an input given both ways
+    ("bytes past the inputs", binary_request(BIN_HEADER, frame([JPEG]) + b"JUNK"), 400,
+     "unexpected additional input data: 4 bytes past the inputs' binary_data_size$"),
+    ("data and binary_data_size", binary_request({"inputs": [{**BIN_HEADER["inputs"][0], "data": [b64s(JPEG)]}]},
+                                                 frame([JPEG])), 400,
+     "Input 'image_bytes' must set only one of the following fields: 'data', 'binary_data_size' in 'parameters'$"),
     ("header length cuts the JSON", binary_request(BIN_HEADER, frame([JPEG]), "10"), 400,
      "JSON Parse error: "),
     ("binary size past the tail", binary_request(BIN_HEADER, frame([JPEG])[:-1]), 400,

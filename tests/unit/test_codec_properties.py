@@ -195,7 +195,8 @@ def test_v2_requests_with_any_header_tail_and_header_length(header, tail, choice
         assert all(isinstance(a, np.ndarray) for a in request.inputs.values())
         checked_by_the_dataplane(request.inputs, SIGNATURES[1])
         outputs = {"x": np.array([[0.5, 0.25]], np.float32), "z": np.array([b"\xff"], dtype=object)}
-        decodes_or_is_invalid(v2_json.encode_response, request, PredictResult("m", 1, "s", outputs, ["a"]))
+        decodes_or_is_invalid(v2_json.encode_response, request, PredictResult("m", 1, "s", outputs, ["a"]),
+                              lambda: choice % 2 == 0)  # a batching model or not, for the classification extension
 
 
 @SETTINGS
@@ -206,7 +207,7 @@ def test_v2_json_answers_write_every_float_nan_and_infinities_included(data, dty
     width = np.finfo(dtype).bits
     array = np.array(data.draw(st.lists(st.floats(width=width), max_size=6)), dtype=dtype)
     body, header_length = v2_json.encode_response(v2_json.Infer({}, "", [], False, UNSET),
-                                                  PredictResult("m", 1, "s", {"x": array}, []))
+                                                  PredictResult("m", 1, "s", {"x": array}, []), lambda: True)
     written = json.loads(body)["outputs"][0]["data"]
     assert header_length is None and all(isinstance(v, int | float) for v in written)
     np.testing.assert_array_equal(np.array(written, dtype=np.float64), array.astype(np.float64))
@@ -289,4 +290,4 @@ def test_any_v2_grpc_requests(request):
     if inputs is not None:
         checked_by_the_dataplane(inputs, SIGNATURES[1])
     outputs = {"x": np.array([[0.5, 0.25]], np.float32), "z": np.array([b"\xff"], dtype=object)}
-    decodes_or_is_invalid(v2_grpc.response_outputs, request, PredictResult("m", 1, "s", outputs, ["a"]))
+    decodes_or_is_invalid(v2_grpc.response_outputs, request, PredictResult("m", 1, "s", outputs, ["a"]), lambda: True)

@@ -7,6 +7,7 @@ servicer in serving/protocols/grpc_api/kserve.py holds those).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +105,10 @@ class OutputTensor:
     raw: bytes
 
 
-def response_outputs(request: Any, result: PredictResult) -> list[OutputTensor]:
+def response_outputs(request: Any, result: PredictResult, batched: Callable[[], bool]) -> list[OutputTensor]:
     """The outputs a ModelInferRequest asked for (all of the signature's when it lists none), each top classes
-    when its parameters ask for them (`classification`, a positive int64_param)."""
+    when its parameters ask for them (`classification`, a positive int64_param; `batched` as v2_tensors.output
+    takes it)."""
     classes = {}
     for o in request.outputs:
         if "classification" in o.parameters:
@@ -115,7 +117,7 @@ def response_outputs(request: Any, result: PredictResult) -> list[OutputTensor]:
                 raise invalid(f"Output {o.name!r}: classification needs a positive integer on a numeric output")
     answered = []
     for name in [o.name for o in request.outputs] or list(result.outputs):
-        array = output(result.outputs[name], classes.get(name, 0), result.class_names, name)
+        array = output(result.outputs[name], classes.get(name, 0), result.class_names, name, batched)
         datatype = datatype_of(array)
         answered.append(OutputTensor(name, datatype, list(array.shape), binary_data(array, datatype)))
     return answered

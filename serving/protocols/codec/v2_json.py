@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -125,6 +126,9 @@ def decode_request(body: bytes, header_length: str | None, charge: Charge) -> In
         if spec.name in inputs:
             raise invalid(f"Input {spec.name!r} is given twice")
         inputs[spec.name], offset = _decode_input(spec, tail, offset, base64_default, charge)
+    if offset != len(tail):  # Triton's words (http_server.cc): bytes no input claims are a mistake, not padding
+        raise invalid(f"unexpected additional input data: {len(tail) - offset} bytes past the inputs' "
+                      "binary_data_size")
     binary_output = parameters.binary_data_output is True
     return Infer(inputs, parameters.signature_name or "", [_output(o, binary_output) for o in request.outputs or ()],
                  binary_output, request.id)
@@ -149,6 +153,9 @@ def _decode_input(spec: InferInput, tail: memoryview, offset: int, base64_defaul
     count = declared_count(name, datatype, shape)
     parameters = spec.parameters or _NO_INPUT_PARAMETERS
     if not isinstance(parameters.binary_data_size, UnsetType):
+        if spec.data is not UNSET:
+            raise invalid(f"Input {name!r} must set only one of the following fields: 'data', 'binary_data_size' "
+                          "in 'parameters'")
         size = parameters.binary_data_size
         if offset + size > len(tail):
             raise invalid(f"Input {name!r}: binary_data_size {size} exceeds the binary data sent")
@@ -195,12 +202,13 @@ def _json_data(array: np.ndarray, datatype: str) -> tuple[list[Any], dict[str, A
         return [base64.b64encode(v).decode("ascii") for v in items], {"content_type": "base64"}
 
 
-def encode_response(request: Infer, result: PredictResult) -> tuple[bytes, int | None]:
-    """The answer's bytes, and the length of its JSON header when binary data follows it (None: JSON only)."""
+def encode_response(request: Infer, result: PredictResult, batched: Callable[[], bool]) -> tuple[bytes, int | None]:
+    """The answer's bytes, and the length of its JSON header when binary data follows it (None: JSON only);
+    `batched`: whether the model batches, for the classification extension (v2_tensors.output)."""
     requested = request.outputs or [Output(name, request.binary_output, 0) for name in result.outputs]
     entries, tail, finite = [], [], True
     for out in requested:
-        array = output(result.outputs[out.name], out.classes, result.class_names, out.name)
+        array = output(result.outputs[out.name], out.classes, result.class_names, out.name, batched)
         datatype = datatype_of(array)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(array.shape)}
         if out.binary:

@@ -6,6 +6,7 @@ classification extension.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -77,24 +78,34 @@ def binary_data(array: np.ndarray, datatype: str) -> bytes:
     return v2_bytes.frame(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
 
 
-def classification(scores: np.ndarray, count: int, class_names: list[str]) -> np.ndarray:
+_CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
+
+
+def classification(scores: np.ndarray, count: int, class_names: list[str], batched: bool = True) -> np.ndarray:
     """Triton's classification extension: per row (all past the first dimension) the top `count` as
-    "score:index[:label]" strings, [rows, count]; [count] for one row without a batch dimension. The row's width
-    is stated, not left to reshape's -1, which cannot infer it for an empty batch."""
-    rows = scores.reshape(len(scores), math.prod(scores.shape[1:])) if scores.ndim > 1 else scores.reshape(1, -1)
+    "score:index[:label]" strings, [rows, count]; [count] for one row without a batch dimension, or for a model that
+    does not batch (`batched` False: Triton ranks its whole output, http_server.cc). The row's width is stated,
+    not left to reshape's -1, which cannot infer it for an empty batch."""
+    by_row = batched and scores.ndim > 1
+    rows = scores.reshape(len(scores), math.prod(scores.shape[1:])) if by_row else scores.reshape(1, -1)
     out = []
+    integers = scores.dtype.kind in "iu"  # Triton writes a score as std::to_string of its type: 3, or 3.000000
     for row in rows:
-        top = np.argsort(-row, kind="stable")[:count]
-        out.append([(f"{row[i]:f}:{i}" + (f":{class_names[i]}" if i < len(class_names) else "")).encode() for i in top])
+        top = np.argsort(-row.astype(np.float64) if integers else -row, kind="stable")[:count]
+        out.append([((f"{row[i]}" if integers else f"{row[i]:f}") + f":{i}"
+                     + (f":{class_names[i]}" if i < len(class_names) else "")).encode() for i in top])
     top_count = min(count, rows.shape[1])
-    return np.array(out, dtype=object).reshape((len(rows), top_count) if scores.ndim > 1 else (top_count,))
+    return np.array(out, dtype=object).reshape((len(rows), top_count) if by_row else (top_count,))
 
 
-def output(array: np.ndarray, classes: int, class_names: list[str], name: str) -> np.ndarray:
+def output(array: np.ndarray, classes: int, class_names: list[str], name: str,
+           batched: Callable[[], bool]) -> np.ndarray:
     """An output as answered: with classes > 0, its top classes (Triton's classification extension), which only
-    a numeric output has."""
+    a numeric output has, per row if the model batches (`batched`, asked only then)."""
     if not classes:
         return array
-    if datatype_of(array) == "BYTES":
-        raise invalid(f"Output {name!r}: classification needs a positive integer on a numeric output")
-    return classification(array, classes, class_names)
+    datatype = datatype_of(array)
+    if datatype not in _CLASSIFIABLE:  # Triton's classification.cc ranks these types only
+        raise invalid(f"Output {name!r}: class result not available for output due to unsupported type "
+                      f"'{datatype}'")
+    return classification(array, classes, class_names, batched())

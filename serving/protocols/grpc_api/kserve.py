@@ -73,7 +73,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         signature = request.parameters.get("signature_name")
 
         def inputs(info: SignatureInfo) -> dict[str, Any]:
-            return v2.with_triton_dims(v2_grpc.request_inputs(request, self.max_message_bytes))(info)
+            return v2.with_triton_dims(v2_grpc.request_inputs(request, self.max_message_bytes),
+                                     request.model_name)(info)
         result = self.dataplane.predict(model=request.model_name, inputs=inputs,
                                         version=version_of(request.model_version),
                                         signature_name=signature.string_param if signature is not None else "",
@@ -81,7 +82,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                         deadline=deadline_of(context), entrypoint="GRPC")
         response = service_pb2.ModelInferResponse(model_name=result.model, model_version=str(result.version),
                                                   id=request.id)
-        for tensor in v2_grpc.response_outputs(request, result):
+        for tensor in v2_grpc.response_outputs(request, result,
+                                               v2.answered_by_a_batching_model(self.dataplane, result)):
             response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
             response.raw_output_contents.append(tensor.raw)
         return response

@@ -74,11 +74,12 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
         charge = charge_of(http)
         request = v2_json.decode_request(request_body(http, options.max_request_bytes, charge),
                                          http.environ.get(HEADER_ENVIRON), charge)
-        result = dataplane.predict(model=model, inputs=v2.with_triton_dims(request.inputs), version=number,
+        result = dataplane.predict(model=model, inputs=v2.with_triton_dims(request.inputs, model), version=number,
                                    signature_name=request.signature_name,
                                    output_filter=[o.name for o in request.outputs] or None, deadline=deadline,
                                    entrypoint="REST")
-        body, header_length = v2_json.encode_response(request, result)
+        body, header_length = v2_json.encode_response(request, result,
+                                                      v2.answered_by_a_batching_model(dataplane, result))
         if header_length is None:
             return flask.Response(body, mimetype=JSON_MIMETYPE)
         response = flask.Response(body, mimetype="application/octet-stream")
