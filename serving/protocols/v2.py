@@ -81,11 +81,11 @@ def with_triton_dims(inputs: dict[str, np.ndarray], model: str) -> Callable[[Sig
     numpy's float64 sent as FP64 to an FP32 input lost precision unseen."""
     def for_signature(info: SignatureInfo) -> dict[str, np.ndarray]:
         for name, array in inputs.items():
-            expected = info.inputs.get(name)
-            given = datatype_of(array)
-            if expected is not None and DATATYPES.get(expected.dtype, expected.dtype) != given:
-                raise invalid(f"inference input '{name}' data-type is '{given}', but model '{model}' expects "
-                              f"'{DATATYPES.get(expected.dtype, expected.dtype)}'")
+            tensor = info.inputs.get(name)
+            expected = DATATYPES.get(tensor.dtype, tensor.dtype) if tensor is not None else None
+            if expected is not None and datatype_of(array) != expected:
+                raise invalid(f"inference input '{name}' data-type is '{datatype_of(array)}', but model '{model}' "
+                              f"expects '{expected}'")
         return {name: array.reshape(len(array)) if one_per_row(info.inputs.get(name)) and array.ndim == 2
                 and array.shape[1] == 1 else array for name, array in inputs.items()}
     return for_signature

@@ -20,7 +20,7 @@ RETRY_AFTER_SECONDS = "1"
 JSON_MIMETYPE = "application/json"
 # x-gzip: gzip's other name, which RFC 9110 §8.4.1.3 asks a recipient to read as gzip.
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-_AS_SENT = frozenset({"", "identity"})  # no Content-Encoding, or RFC 9110's name for none
+AS_SENT = frozenset({"", "identity"})  # no Content-Encoding, or RFC 9110's name for none
 _INFLATE_CHUNK = 16 * 1024  # compressed bytes fed per step, so a member's leftover input is never copied whole
 MAX_GZIP_MEMBERS = 10_000  # RFC 1952 allows any number; each costs a decompressor, so a flood of empty ones is a 400
 
@@ -43,6 +43,11 @@ def current_request() -> flask.Request:
     return flask.request._get_current_object()  # type: ignore[attr-defined]  # werkzeug's LocalProxy method
 
 
+def content_encoding(request: flask.Request) -> str:
+    """The request's Content-Encoding as compared: lower case, "" when none is sent."""
+    return request.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+
+
 def request_body(request: flask.Request, max_bytes: int, charge: Charge) -> bytes:
     """The raw body, inflated for Content-Encoding gzip or deflate (as curl and tritonclient send), never past
     max_bytes, so a compression bomb gets the same 413 as an oversized body; the inflated bytes are charged to the
@@ -51,14 +56,14 @@ def request_body(request: flask.Request, max_bytes: int, charge: Charge) -> byte
     max_bytes and stops there, with no error, so a longer one came out cut short and was parsed or decoded. Any
     other coding (br, zstd, a list of codings) is a 415 before the body is read (RFC 9110 §15.5.16), where it was
     once parsed as if it were not encoded."""
-    encoding = request.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
-    if encoding not in _WBITS and encoding not in _AS_SENT:
+    encoding = content_encoding(request)
+    if encoding not in _WBITS and encoding not in AS_SENT:
         raise UnsupportedMediaType(f"Unsupported Content-Encoding {encoding!r}: send the body as is, or with gzip "
                                    "or deflate")
     data = request.get_data(cache=True)
     if len(data) >= max_bytes and request.content_length is None and request.environ["wsgi.input"].read(1):
         raise RequestEntityTooLarge()
-    if encoding in _AS_SENT or not data:
+    if encoding in AS_SENT or not data:
         return data
     inflated = inflate(data, encoding, max_bytes)
     charge(len(inflated) * BODY_BYTES_FACTOR)

@@ -24,7 +24,7 @@ from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingErro
 from serving.protocols.codec import strict_json, tfserving_json
 from serving.protocols.codec.text import ascii_int
 from serving.protocols.rest.admission import charge_of
-from serving.protocols.rest.httputil import current_request, json_response, request_body
+from serving.protocols.rest.httputil import AS_SENT, content_encoding, current_request, json_response, request_body
 
 DEFAULT_TOP_K = 5
 
@@ -134,7 +134,7 @@ def create_blueprint(dataplane: DataPlane, options: ProtocolOptions) -> flask.Bl
         request = current_request()
         top_k = _top_k(DEFAULT_TOP_K)
         if request.mimetype == "multipart/form-data":
-            if request.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower() not in ("", "identity"):
+            if content_encoding(request) not in AS_SENT:
                 # werkzeug parses the form from the stream as sent: an encoded one would be read as garbage
                 raise UnsupportedMediaType("A multipart form is read as sent: send it without Content-Encoding")
             upload = request.files.get("image")
