@@ -100,7 +100,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
                   "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
                   env={**env, "SPARK_WORKER_DIR": work_dirs[i]})
-        wait("workers", lambda: sum(w["state"] == "ALIVE" for w in _master_state(master_ui)["workers"]) == WORKERS)
+        wait("workers", lambda: _alive_workers(master_ui) == WORKERS)
         yield Cluster(f"spark://127.0.0.1:{port}", tuple(p.pid for p in processes[1:]), work_dirs)
     finally:
         for process in reversed(processes):
@@ -108,12 +108,18 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 
 def _master_state(master_ui: int) -> dict | None:
-    """The master's status page as JSON, or None while it does not answer yet."""
+    """The master's status page as JSON, or None while it does not answer yet: its web UI can accept connections
+    and answer an empty body before the page is mounted (CI of f3e092d failed on that)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{master_ui}/json/", timeout=5) as response:
             return json.load(response)
-    except OSError:
+    except (OSError, ValueError):
         return None
+
+
+def _alive_workers(master_ui: int) -> int:
+    state = _master_state(master_ui)
+    return 0 if state is None else sum(w["state"] == "ALIVE" for w in state["workers"])
 
 
 @pytest.fixture(scope="session")
