@@ -619,7 +619,8 @@ def _post_ok(requests: Requests) -> bool:
 
 @contextlib.contextmanager
 def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
-    """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs."""
+    """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs; given "--floor"
+    rather than a model, its route without a model on Petal's front end."""
     from serving.launcher import free_port, get_status
 
     port = free_port()
@@ -705,14 +706,18 @@ def fleet(args: argparse.Namespace, base: str, model_dir: str, photos: list[byte
         yield servers
 
 
-def load_generator_ceilings(servers: Fleet, levels: list[int], duration: float,
-                            warmup: float) -> dict[str, dict[int, dict]]:
-    """The load generator's rate on trivial requests (/healthz, gRPC health Check) at the busy levels."""
+def load_generator_ceilings(servers: Fleet, levels: list[int], duration: float, warmup: float,
+                            photos: list[bytes]) -> dict[str, dict[int, dict]]:
+    """The load generator's rate on trivial requests (/healthz, gRPC health Check) at the busy levels, and on the
+    REST column's own requests to the floor: a Flask route on Petal's front end that decodes them and answers a
+    constant, with no model."""
     busy = [c for c in levels if c >= 16] or levels[-1:]
     petal = servers.petal
     ceilings = {protocol: run_loadgen(health_requests(protocol, port, petal.proc.pid), busy, duration, warmup)
                 for protocol, port in (("http", petal.rest_port), ("grpc", petal.grpc_port))}
     ceilings["flask"] = run_loadgen(health_requests("http", *servers.baseline), busy, duration, warmup)
+    with baseline_server("--floor") as floor:
+        ceilings["floor"] = run_loadgen(rest_requests(*floor, photos), busy, duration, warmup)
     return ceilings
 
 
@@ -821,14 +826,17 @@ def _bound(limit: Limit, ceilings: dict[str, dict[int, dict]], c: int) -> None:
 
     cores = available_cores()
     servers = {"http": "Petal REST/Petal V2 binary", "grpc": "Petal gRPC",
-               "flask": "any Flask app on gunicorn gthread (the baseline's /healthz)"}
+               "flask": "any Flask app on gunicorn gthread (the baseline's /healthz)",
+               "floor": "a Flask route on Petal's front end decoding the REST column's predict and answering a "
+                        "constant (benchmarks/naive_flask.py --floor)"}
     for protocol, name in servers.items():
         trivial = ceilings[protocol][c]
         per_image = limit.cpu_ms + trivial["server_cpu_ms"] + trivial["loadgen_cpu_ms"]
         bound = 1000 * cores / per_image
+        request = "its request" if protocol == "floor" else "a trivial request"
         print(f"  {name}: {cores} cores / ({limit.cpu_ms:.2f} model + "
-              f"{trivial['server_cpu_ms']:.2f} server + {trivial['loadgen_cpu_ms']:.2f} load generator ms for a "
-              f"trivial request) = at most {bound:.0f} images/s = {bound / limit.rate:.2f} x the limit")
+              f"{trivial['server_cpu_ms']:.2f} server + {trivial['loadgen_cpu_ms']:.2f} load generator ms for "
+              f"{request}) = at most {bound:.0f} images/s = {bound / limit.rate:.2f} x the limit")
 
 
 def main() -> int:
@@ -891,7 +899,8 @@ def main() -> int:
             print(f"round {round_ + 1} order: {', '.join(order)} (servers started in "
                   f"{time.monotonic() - started:.0f} s)", flush=True)
             if not ceilings:
-                ceilings = load_generator_ceilings(servers, levels, args.duration, args.warmup)
+                ceilings = load_generator_ceilings(servers, levels, args.duration, args.warmup,
+                                                   next(iter(sets.values())))
             for name, photos in sets.items():
                 requests = servers.requests(photos)
                 for col in order:

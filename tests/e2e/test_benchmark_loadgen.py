@@ -97,3 +97,11 @@ def test_refused_http_requests_are_errors(bench, tiny_server, photos):
                              requests.headers, tiny_server.proc.pid)
     result = run(bench, refused)
     assert refused_every_time(result), result
+
+
+def test_the_floor_answers_the_rest_columns_requests_and_refuses_an_empty_image(bench, photos):
+    """The floor (a route with no model on Petal's front end) is only a floor if it does a predict's reading: every
+    REST request is answered, and one whose image is empty is refused."""
+    with bench.baseline_server("--floor") as (port, pid):
+        assert run(bench, bench.rest_requests(port, pid, photos))["errors"] == 0
+        assert refused_every_time(run(bench, bench.rest_requests(port, pid, [b""])))
