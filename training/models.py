@@ -82,19 +82,22 @@ _BUILDERS = {
 MODEL_NAMES = tuple(_BUILDERS)
 
 
-def build_model(name: str, num_classes: int, image_size: int, batch_norm: bool = False,
-                transpose_input: bool = False) -> keras.Model:
-    """Build a model by name; with `transpose_input` it takes HWCN batches as made by input_fn(transpose=True)."""
+def build_model(name: str, num_classes: int, image_size: int, batch_norm: bool = False) -> keras.Model:
+    """Build a model by name: NHWC images in, logits out."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    if transpose_input:
-        inputs = keras.Input(batch_shape=(image_size, image_size, 3, None), name="images_hwcn")
-        x = Untranspose(name="untranspose")(inputs)
-    else:
-        inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
-        x = inputs
-    logits = _BUILDERS[name](x, num_classes, batch_norm)
-    return keras.Model(inputs, logits, name=name)
+    inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
+    return keras.Model(inputs, _BUILDERS[name](inputs, num_classes, batch_norm), name=name)
+
+
+def fed_transposed(model: keras.Model) -> keras.Model:
+    """`model` fed HWCN batches as input_fn(transpose=True) makes them. It wraps `model` rather than rebuilding its
+    layers behind an Untranspose: a functional model's checkpoint keys its layers by position, which one more layer
+    shifted, so a run trained transposed could be neither exported nor resumed untransposed. Checkpoints track
+    `model` alone, whichever way it is fed."""
+    size = model.input_shape[1]
+    inputs = keras.Input(batch_shape=(size, size, 3, None), name="images_hwcn")
+    return keras.Model(inputs, model(Untranspose(name="untranspose")(inputs)), name=f"{model.name}_hwcn")
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,8 @@ class ModelConfig:
     image_size: int
     batch_norm: bool = False
 
-    def build(self, transpose_input: bool = False) -> keras.Model:
-        return build_model(self.name, len(self.labels), self.image_size, self.batch_norm, transpose_input)
+    def build(self) -> keras.Model:
+        return build_model(self.name, len(self.labels), self.image_size, self.batch_norm)
 
     def save(self, directory: str) -> None:
         with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:

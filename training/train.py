@@ -23,7 +23,7 @@ import tensorflow as tf
 from exported_models.model_format import DEFAULT_MODEL_NAME, LABELS_FILE, read_labels
 from training.export import MAX_WARMUP_IMAGES, export_saved_model
 from training.input import input_fn
-from training.models import CONFIG_FILE, DEFAULT_MODEL, MODEL_NAMES, ModelConfig
+from training.models import CONFIG_FILE, DEFAULT_MODEL, MODEL_NAMES, ModelConfig, fed_transposed
 from training.preprocessing import FEATURES
 from training.strategy import MIXED_PRECISION, is_chief, per_replica_batch_size, resolve_strategy, set_mixed_precision
 
@@ -107,7 +107,8 @@ class Trainer:
         self.strategy = strategy
         self.chief = is_chief(strategy)
         with strategy.scope():
-            self.model = config.model_config.build(transpose_input=config.transpose_input)
+            self.model = config.model_config.build()  # NHWC: what the checkpoints and the export hold
+            self.fed = fed_transposed(self.model) if config.transpose_input else self.model
             self.optimizer = keras.optimizers.Adam(config.learning_rate)
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -121,6 +122,9 @@ class Trainer:
         latest = tf.train.latest_checkpoint(self.config.output_dir)
         if latest:
             self.manager.checkpoint.restore(latest).assert_existing_objects_matched()
+            # Keras keeps the rate in an optimizer variable, which the restore just set to the run's first
+            # --learning_rate; the flag given now is what the steps ahead use, as task.py's rate was on a resume.
+            self.optimizer.learning_rate.assign(self.config.learning_rate)
             print(f"resumed from {latest} at step {int(self.step.numpy())}", flush=True)
         return int(self.step.numpy())
 
@@ -131,7 +135,7 @@ class Trainer:
 
     def _train_step(self, images, labels):
         with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
+            logits = self.fed(images, training=True)
             per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.config.train_batch_size)
         gradients = tape.gradient(loss, self.model.trainable_variables)
@@ -149,7 +153,7 @@ class Trainer:
         return loss
 
     def _eval_step(self, images, labels, weights):
-        logits = self.model(images, training=False)
+        logits = self.fed(images, training=False)
         per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels), tf.float32)
         return tf.stack([tf.reduce_sum(per_example * weights), tf.reduce_sum(correct * weights),
@@ -194,12 +198,21 @@ def _record_eval(trainer: Trainer, results: dict, writer) -> None:
     if not trainer.chief:
         return
     lines = _eval_lines(config.output_dir) + [json.dumps({**results, "time": round(time.time(), 3)})]
-    with tf.io.gfile.GFile(os.path.join(config.output_dir, EVAL_RESULTS), "w") as f:  # object stores cannot append
-        f.write("\n".join(lines) + "\n")
+    write_whole(os.path.join(config.output_dir, EVAL_RESULTS), "\n".join(lines) + "\n")
     with writer.as_default(step=results["step"]):
         tf.summary.scalar("loss", results["loss"])
         tf.summary.scalar("accuracy", results["accuracy"])
     writer.flush()
+
+
+def write_whole(path: str, text: str) -> None:
+    """Replace the file at `path` with `text` in one rename, so a kill at any moment leaves the old file or the new
+    one, never a truncated one (object stores cannot append, so the eval history is rewritten each time; written in
+    place, a kill mid-write lost it all)."""
+    staging = f"{path}.tmp"
+    with tf.io.gfile.GFile(staging, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(staging, path, overwrite=True)
 
 
 def _eval_images(config: TrainConfig, count: int) -> list[bytes]:

@@ -40,7 +40,18 @@ for batch in evaluation:
         eval_shapes.add(tuple(replica_images.shape))
         weight += float(tf.reduce_sum(replica_weights))
 results = train_and_evaluate(config, strategy)
+from training.export import restore_for_export
+restored, _ = restore_for_export(output_dir)  # every weight of the transposed run's checkpoint, fed NHWC
+exported = tf.saved_model.load(output_dir + "/export/flowers/6").signatures["predict_images"]
+probe = tf.random.uniform((2, SIZE, SIZE, 3), seed=1)
+export_gap = float(tf.reduce_max(tf.abs(tf.nn.softmax(restored(probe)) - exported(images=probe)["probabilities"])))
+import dataclasses
+resumed = train_and_evaluate(dataclasses.replace(config, transpose_input=False, train_steps=8, learning_rate=0.25),
+                             strategy)
+checkpoint = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
 print(json.dumps({
+    "export_gap": export_gap, "resumed_step": resumed["step"],
+    "resumed_rate": float(checkpoint.get_tensor("optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")),
     "replicas": strategy.num_replicas_in_sync, "batch_error": batch_error, "pipelines": pipelines,
     "train_shapes": [list(t.shape) for t in strategy.experimental_local_results(images)],
     "label_shapes": [list(t.shape) for t in strategy.experimental_local_results(labels)],
@@ -61,7 +72,10 @@ def test_mirrored_strategy_on_logical_cpu_devices_with_transposed_input(tiny_dat
     assert report["eval_shapes"] == [[SIZE, SIZE, 3, per_replica]], "every eval batch full and static"
     assert report["eval_weight"] == NUM_EVAL, "padding rows carry weight 0, real rows weight 1"
     assert report["results"]["step"] == 6 and report["results"]["num_examples"] == NUM_EVAL
-    assert [r["step"] for r in eval_results(tmp_path)] == [3, 6]
+    assert report["export_gap"] < 1e-5, "`petal export` restores the transposed run's weights, as its export has them"
+    assert report["resumed_step"] == 8, "the run resumes fed NHWC"
+    assert report["resumed_rate"] == 0.25, "a resumed run trains at the --learning_rate it is given"
+    assert [r["step"] for r in eval_results(tmp_path)] == [3, 6, 8]
     assert os.path.exists(tmp_path / "export" / "flowers" / "6" / "saved_model.pb")
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from keras import layers
 
-from training.models import MODEL_NAMES, ModelConfig, build_model
+from training.models import MODEL_NAMES, ModelConfig, build_model, fed_transposed
 
 SIZE = 32
 
@@ -65,8 +65,7 @@ def test_compact_is_small_enough_to_ship():
 
 def test_transposed_input_gives_the_same_logits():
     plain = build_model("compact", 5, SIZE)
-    transposed = build_model("compact", 5, SIZE, transpose_input=True)
-    transposed.set_weights(plain.get_weights())
+    transposed = fed_transposed(plain)
     images = _images(4)
     hwcn = np.transpose(images, [1, 2, 3, 0])
     assert transposed.input_shape == (SIZE, SIZE, 3, None)
