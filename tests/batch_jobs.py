@@ -131,13 +131,15 @@ def unloadable_models(folder, model_dir: str) -> dict[str, str]:
 
 def failing_jobs(folder, model_dir: str, images: str, *extra: str) -> dict[str, list[str]]:
     """A `petal batch` argv for each failure the driver must catch, by the words its one line must hold: an
-    unreadable model (two kinds), an input pattern that matches nothing, an output folder that cannot be written
-    (under a regular file, which stops root too)."""
+    unreadable model (two kinds), an input pattern that matches nothing or only a folder, an output folder that
+    cannot be written (under a regular file, which stops root too)."""
     (folder / "a-file").write_text("not a folder\n")
     jobs = {words: ["--model_dir", bad, "--input", images, "--output_dir", str(folder / "out")]
             for words, bad in unloadable_models(folder, model_dir).items()}
     jobs["matches no files"] = ["--model_dir", model_dir, "--input", str(folder / "nothing-*.jpg"), "--output_dir",
                                 str(folder / "out")]
+    jobs[f"--input {folder} matches no files"] = ["--model_dir", model_dir, "--input", str(folder), "--output_dir",
+                                                  str(folder / "out")]  # a folder is not an image, even named alone
     jobs["cannot be written"] = ["--model_dir", model_dir, "--input", images, "--output_dir",
                                  str(folder / "a-file" / "out")]
     return {words: [*argv, *extra] for words, argv in jobs.items()}

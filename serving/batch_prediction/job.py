@@ -38,12 +38,10 @@ from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failur
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
-progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 ERRORS = "errors"
 WORK_STAMPS = "work_ms"
 _work_stamps = Metrics.distribution(METRICS_NAMESPACE, WORK_STAMPS)  # updates go to the running step's container
-PROGRESS_SECONDS = 10.0
 # Beam workers log at INFO on their own stderr, and warn about their own plumbing on every start; keep them to
 # errors (progress still shows, see parse_args) unless -v asked for more.
 QUIET_WORKER_LOG_LEVEL = "ERROR"
@@ -69,7 +67,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, PipelineOptions]:
     check_job_flags(parser, args)
     if quiet() and not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args.append(f"--default_sdk_harness_log_level={QUIET_WORKER_LOG_LEVEL}")
-        beam_args.append(f'--sdk_harness_log_level_overrides={{"{progress.name}": "INFO"}}')
+        beam_args.append(f'--sdk_harness_log_level_overrides={{"{PROGRESS_LOGGER}": "INFO"}}')
     return args, PipelineOptions(beam_args)
 
 
@@ -105,15 +103,11 @@ class DecodeImages(beam.DoFn):
 
 
 class FormatRows(beam.DoFn):
-    """Predictions and failures to JSON lines, counted; each worker logs its progress now and then."""
+    """Predictions and failures to JSON lines, counted (the model's step logs the progress: model_handler.py)."""
 
     def __init__(self, info: ModelInfo, top_k: int):
         self._info = info
         self._top_k = top_k
-
-    def setup(self) -> None:
-        self._done = 0
-        self._started = self._logged = time.monotonic()
 
     def process(self, element: Any) -> Iterator[Any]:
         is_result, line = ((False, element.to_json()) if isinstance(element, Failure)
@@ -121,12 +115,6 @@ class FormatRows(beam.DoFn):
         Metrics.counter(METRICS_NAMESPACE, "predicted" if is_result else "failed").inc()
         yield line if is_result else beam.pvalue.TaggedOutput(ERRORS, line)
         stamp_work()
-        self._done += 1
-        now = time.monotonic()
-        if now - self._logged >= PROGRESS_SECONDS:
-            self._logged = now
-            progress.info("batch progress", extra={"fields": {
-                "rows_done": self._done, "images_per_s": round(self._done / (now - self._started), 1)}})
 
 
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: ModelInfo) -> None:
@@ -150,7 +138,7 @@ def _match(pattern: str) -> list[str]:
 
 def check_inputs(pattern: str, input_format: str) -> None:
     """Fail before launching workers when the pattern matches nothing (a typo would otherwise 'succeed')."""
-    if not _match(pattern):
+    if not steps.list_files(pattern):
         raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
 
 

@@ -7,6 +7,8 @@ serving/batch_prediction/steps.py that the Spark job uses too.
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,8 +24,11 @@ from serving.batch_prediction.steps import (  # noqa: F401  (read_model_info and
     read_model_info,
     row_bytes,
 )
+from training import PROGRESS_LOGGER
 
 METRICS_NAMESPACE = "petal.batch"
+PROGRESS_SECONDS = 10.0
+progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 
 class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
@@ -41,6 +46,8 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         self._batch_size = batch_size
         self._use_tpu = use_tpu
         self._tpu = tpu
+        self._rows = 0
+        self._started = self._logged = -1.0  # set at this copy's first batch, on its worker
 
     def load_model(self) -> BatchModel:
         return load_model(self._info, self._batch_size, self._use_tpu, self._tpu)
@@ -50,7 +57,21 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         predictions = predict_batch(model, batch)
         Metrics.counter(METRICS_NAMESPACE, "batches").inc()
         Metrics.counter(METRICS_NAMESPACE, "padded").inc(self._batch_size - len(batch))
+        self._log_progress(len(batch))
         return predictions
+
+    def _log_progress(self, rows: int) -> None:
+        """Rows predicted by this copy of the handler, logged now and then. Here rather than where rows are
+        written: on the DirectRunner the steps after the model start only once it has seen every row, so a job
+        counted there showed nothing until it was over."""
+        now = time.monotonic()
+        if self._started < 0:
+            self._started = self._logged = now
+        self._rows += rows
+        if now - self._logged >= PROGRESS_SECONDS:
+            self._logged = now
+            progress.info("batch progress", extra={"fields": {
+                "rows_predicted": self._rows, "images_per_s": round(self._rows / max(now - self._started, 1e-9), 1)}})
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
         return sum(row_bytes(row) for row in batch)

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -85,8 +84,7 @@ class ReadRecords(beam.PTransform):
             paths = (pbegin | "ReadList" >> beam.io.ReadFromTextWithFilename(self._pattern)
                      | "ParseList" >> beam.ParDo(ParseFileList()))
         else:
-            paths = (pbegin | "Match" >> fileio.MatchFiles(self._pattern)
-                     | "Paths" >> beam.Map(lambda metadata: metadata.path))
+            paths = pbegin | "Pattern" >> beam.Create([self._pattern]) | "Match" >> beam.FlatMap(steps.list_files)
         if self._format in ("images", "filelist"):
             outputs = (paths | "SpreadPaths" >> beam.Reshuffle()
                        | "ReadFiles" >> beam.ParDo(ReadFiles()).with_outputs(FAILED, main="records"))

@@ -98,7 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tuple[list[Any], int]:
     """The partitions' inputs: lists of image paths, or record files one each; and how many paths were listed."""
-    files = sorted(f for f in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(f))  # as Beam's MatchFiles
+    files = steps.list_files(pattern)
     if not files:
         raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
     if input_format in ("tfrecord", "jsonl"):

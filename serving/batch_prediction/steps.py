@@ -100,6 +100,13 @@ def infer_format(pattern: str) -> str:
 
 # --- reading ------------------------------------------------------------------------------------------------
 
+def list_files(pattern: str) -> list[str]:
+    """What an --input pattern names, for both engines alike, listed by TensorFlow's file systems (which read the
+    model too): every match but folders, sorted. Beam's own matching left out a dangling link, which the Spark job
+    kept, and took a folder named without a wildcard as a file: a record lost, and a job of one error line."""
+    return sorted(f for f in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(f))
+
+
 def read_file(path: str, open_file: Opener) -> Record | Failure:
     """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path."""
     try:

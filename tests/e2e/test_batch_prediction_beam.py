@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,9 +32,9 @@ from batch_jobs import (
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
 from server_harness import ROOT, TF_NATIVE_LOG, b64, run_server, user_environment
 from serving.batch_prediction import job as batch_job
-from serving.batch_prediction import preflight, spark_job
+from serving.batch_prediction import model_handler, preflight, spark_job
 from serving.batch_prediction.cli import SPARK_ONLY_FLAGS
-from training import synth
+from training import PROGRESS_LOGGER, synth
 from training.export import export_saved_model
 from training.models import build_model
 
@@ -300,6 +301,19 @@ def test_multi_process_direct_runner_shares_the_model_and_loses_nothing(model_di
     results, errors = read_output(output)
     assert_nothing_lost(results, errors, inputs)
     assert_matches_reference(results, reference)
+
+
+def test_progress_moves_with_every_batch_the_model_predicts(model_dir, inputs, tmp_path, monkeypatch, caplog):
+    """Logged at every batch here (every 10 s by default), by the step that runs the model: counted where rows are
+    written, which on the DirectRunner starts once the model has seen them all, a job showed none until its end."""
+    monkeypatch.setattr(model_handler, "PROGRESS_SECONDS", 0.0)
+    caplog.set_level(logging.INFO, logger=PROGRESS_LOGGER)
+    args, options = batch_job.parse_args(["--model_dir", model_dir, "--input", os.path.join(os.path.dirname(
+        next(iter(inputs))), "*"), "--output_dir", str(tmp_path / "out"), "--batch_size", "16", *IN_MEMORY])
+    summary = batch_job.run(args, options)
+    done = [r.fields["rows_predicted"] for r in caplog.records if r.getMessage() == "batch progress"]
+    assert len(done) == summary["batches"] >= 7
+    assert done == sorted(set(done)) and done[-1] == summary["results"] == 100
 
 
 def test_predictions_equal_a_real_servers_rest_predict(image_job, model_dir, inputs):

@@ -47,6 +47,7 @@ from training import synth
 
 SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
 GOOD = 30
+GONE = "gone.jpg"  # a link to a deleted photo
 CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
            "notes.jpg": "Unknown image file format"}
 CLUSTER_START_S = 120
@@ -155,7 +156,14 @@ def images(tmp_path_factory) -> dict[str, bytes]:
                   "notes.jpg": b"this is a text file, not an image\n"})
     for name, data in files.items():
         (folder / name).write_bytes(data)
+    (folder / GONE).symlink_to(folder / "deleted.jpg")  # a record NOT_FOUND on both engines (Beam lost it)
+    (folder / "album.jpg").mkdir()  # a folder, which neither engine takes for an image
     return {str(folder / name): data for name, data in files.items()}
+
+
+def listed(images: dict[str, bytes]) -> list[str]:
+    """The keys a job on the images' folder gives: each file's, and the link's to a deleted photo."""
+    return [*images, os.path.join(os.path.dirname(next(iter(images))), GONE)]
 
 
 def _good(images: dict[str, bytes]) -> list[str]:
@@ -167,7 +175,7 @@ def write_input(kind: str, folder, images: dict[str, bytes]) -> tuple[str, list[
     for TFRecords, the byte offsets their cut tails' errors must name (write_cut_tfrecords)."""
     good = _good(images)
     if kind == "images":
-        return os.path.join(os.path.dirname(good[0]), "*"), list(images), {}
+        return os.path.join(os.path.dirname(good[0]), "*"), listed(images), {}
     if kind == "tfrecord":
         keys = write_tfrecord_input(str(folder / "a.tfrecord"), images, good[:15])
         pattern, more, cuts = write_cut_tfrecords(folder, images, good[15:24])
@@ -231,7 +239,8 @@ def test_the_cluster_gives_every_record_once_with_the_beam_jobs_answers(kind, sp
     assert_committed(output, summary)
     beam_results, beam_errors = beam_lines(model_dir, pattern, str(tmp_path / "beam"), capsys)
     assert_same_answers(results + errors, beam_results + beam_errors)
-    assert len(errors) >= 2 and {e["error"]["status"] for e in errors} <= {"INVALID_ARGUMENT", "DATA_LOSS"}
+    assert len(errors) >= 2 and {e["error"]["status"] for e in errors} <= {"INVALID_ARGUMENT", "DATA_LOSS", "NOT_FOUND"}
+    assert (kind == "images") == any(e["error"]["status"] == "NOT_FOUND" for e in errors)
     assert_cut_tails_are_one_error_each(errors, cuts)
 
 
@@ -348,9 +357,9 @@ def test_a_task_whose_python_worker_is_killed_is_retried_with_no_record_lost_or_
     tracker = context.statusTracker()
     stages = [s for job in tracker.getJobIdsForGroup("killed-worker") for s in tracker.getJobInfo(job).stageIds]
     assert sum(tracker.getStageInfo(s).numFailedTasks for s in stages) >= 1, "no task failed: the kill missed"
-    assert summary["complete"] and summary["rows_in"] == len(images) == summary["results"] + summary["errors"]
+    assert summary["complete"] and summary["rows_in"] == len(listed(images)) == summary["results"] + summary["errors"]
     results, errors = read_output(output)
-    assert_nothing_lost(results, errors, images)
+    assert_nothing_lost(results, errors, listed(images))
     assert_committed(output, summary)
 
 
