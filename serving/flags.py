@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--grpc_max_message_bytes", type=int, default=d.grpc_max_message_bytes, help="(Petal) gRPC message limit")
     flag("--grpc_channel_arguments", default=d.grpc_channel_arguments,
          help="comma-separated key=value gRPC channel arguments")
-    flag("--grpc_max_threads", type=int, default=d.grpc_max_threads, help="gRPC threads per worker")
+    flag("--grpc_max_threads", type=int, default=d.grpc_max_threads,
+         help="gRPC threads per worker; a worker takes twice as many calls at once, and a connection this many")
     flag("--workers", type=int, default=d.workers, help="(Petal) worker processes, each with its own model copy")
     flag("--worker_class", choices=WORKER_CLASSES, default=d.worker_class,
          help="(Petal) gevent: connections on an event loop, TensorFlow on OS threads; gthread: a thread per "
@@ -105,14 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
          help="(Petal) request threads per worker with --worker_class=gthread; OS threads for unbatched runs "
          "with gevent")
     flag("--max_connections", type=int, default=d.max_connections,
-         help="(Petal, gevent) open connections per worker; at it a new one closes the longest idle one, or gets "
-         "503 and is closed when every one is in a request")
+         help="(Petal) open connections per worker and port; at it a new REST one closes the longest idle one, or "
+         "gets 503 and is closed when every one is in a request; a new gRPC one is refused")
     flag("--keepalive_timeout", type=float, default=d.keepalive_timeout,
-         help="(Petal) seconds an idle keep-alive connection stays open (longer than your load balancer's)")
+         help="(Petal) seconds an idle keep-alive connection, or a gRPC one without a call, stays open (longer "
+         "than your load balancer's)")
     flag("--request_header_timeout", type=float, default=d.request_header_timeout,
-         help="(Petal, gevent) seconds from a request's first byte to the end of its headers")
+         help="(Petal, gevent) seconds from a request's first byte to the end of its headers, and for a TLS "
+         "handshake (gRPC's too)")
     flag("--request_body_timeout", type=float, default=d.request_body_timeout,
-         help="(Petal, gevent) seconds for a request's body, plus one per 64 KiB received")
+         help="(Petal, gevent) seconds for a request's body, plus one per 64 KiB received; as long for an answer "
+         "to be taken; over gRPC for a call's message")
     flag("--max_request_bytes", type=int, default=d.max_request_bytes, help="(Petal) larger bodies get 413")
     flag("--max_image_pixels", type=int, default=d.max_image_pixels,
          help="(Petal) larger images get 400 before they are decoded")

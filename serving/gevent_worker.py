@@ -9,7 +9,8 @@ greenlet and a socket instead of one of a fixed number of threads. Three changes
 - `handle()` wraps each connection in `DeadlineSocket`, a read deadline in the manner of Apache's mod_reqtimeout:
   a request's headers must arrive within --request_header_timeout of their first byte, and its body within
   --request_body_timeout, extended by a second for every MIN_BODY_RATE bytes received, so a trickle is cut off
-  while a large photo sent at any normal speed is not. gunicorn's own `keepalive` closes idle connections.
+  while a large photo sent at any normal speed is not; an answer must be taken within the same time as a body.
+  gunicorn's own `keepalive` closes idle connections.
 - At --max_connections, a new connection takes the place of the one that has waited longest for a next request, as
   nginx does when its connections run out (ngx_drain_connections), so idle sockets cannot hold the port; when every
   connection is in a request, the new one is answered 503 with Retry-After and closed, instead of waiting unseen in
@@ -22,13 +23,14 @@ deadlines above then apply to the decrypted stream.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import time
 from typing import Any
 
-from gevent import monkey
+from gevent import Timeout, monkey
 from gevent import socket as gsocket
 from gevent import ssl as gssl
 from gunicorn.http.errors import NoMoreData
@@ -123,14 +125,34 @@ class DeadlineSocket:
             return
         held, self._held = self._held, b""
         if held and len(data) > COALESCE_LIMIT:
-            self._sock.sendall(held)
+            self._send(held)
         elif held:
             data = held + data
-        self._sock.sendall(data, *flags)
+        self._send(data, *flags)
+
+    def _send(self, data, *flags) -> None:
+        """A write within --request_body_timeout, plus a second for every MIN_BODY_RATE bytes, as a body's read:
+        without one, a client that asked and never read kept its connection, and its slot of --max_connections,
+        for as long as it liked. Past it the connection breaks as if the client had gone (gunicorn closes it)."""
+        deadline = time.monotonic() + self._body_s + len(data) / MIN_BODY_RATE
+        self._sock.settimeout(deadline - time.monotonic())
+        try:
+            self._sock.sendall(data, *flags)
+        except OSError:  # a TLS socket's timeout is an SSLError, not a TimeoutError
+            if time.monotonic() < deadline:
+                raise
+            raise BrokenPipeError(errno.EPIPE, "the client did not read its answer in time") from None
+        finally:
+            self._sock.settimeout(None)
 
     def sendfile(self, *args, **kwargs):
+        """A file's answer (the web UI's assets): each write of it within --request_body_timeout."""
         self.flush()
-        return self._sock.sendfile(*args, **kwargs)
+        self._sock.settimeout(self._body_s)
+        try:
+            return self._sock.sendfile(*args, **kwargs)
+        finally:
+            self._sock.settimeout(None)
 
     def flush(self) -> None:
         """The response is complete: send what is held (the header block of a response without a body)."""
@@ -258,11 +280,12 @@ class PetalGeventWorker(GeventWorker):
             client.close()
 
     def handshake(self, client, addr):
-        """The TLS handshake, within --request_header_timeout; None (and the connection closed) if it fails."""
-        client.settimeout(self.petal_header_timeout)
+        """The TLS handshake, whole within --request_header_timeout (a timeout on each read let a ClientHello sent a
+        byte at a time hold its connection for ever); None (and the connection closed) if it fails."""
         try:
             secure = self._tls.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
-            secure.do_handshake()
+            with Timeout(self.petal_header_timeout, TimeoutError("the TLS handshake did not finish in time")):
+                secure.do_handshake()
         except OSError as error:  # ssl.SSLError and timeouts alike: a refused certificate, plain HTTP, a stall
             logger.info("TLS handshake failed", extra={"fields": {"peer": str(addr), "error": str(error)}})
             client.close()

@@ -28,6 +28,8 @@ PREDICT = "/tensorflow.serving.PredictionService/Predict"
 RELOAD = "/tensorflow.serving.ModelService/HandleReloadConfigRequest"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"  # V2's one stream, which Petal does not serve
 SLACK_S = 1.5  # for a loaded two-core machine
+MAX_CONNECTIONS = 40  # --max_connections: gRPC connections per worker too
+KEEPALIVE_S = 3.0  # --keepalive_timeout: a gRPC connection without a call closes after it
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,8 @@ def server(tmp_path_factory):
     tokens.write_text(f"{PREDICT_TOKEN}\n{ADMIN_TOKEN} admin\n")
     with run_server(f"--model_base_path={tiny_model_base()}", "--model_name=flowers", "--workers=1",
                     f"--auth_token_file={tokens}", f"--request_body_timeout={BODY_TIMEOUT_S}",
-                    "--memory_budget_bytes=1073741824", f"--grpc_max_threads={THREADS}", "--access_log") as running:
+                    "--memory_budget_bytes=1073741824", f"--grpc_max_threads={THREADS}", "--access_log",
+                    f"--max_connections={MAX_CONNECTIONS}", f"--keepalive_timeout={KEEPALIVE_S}") as running:
         yield running
 
 
@@ -270,3 +273,57 @@ def test_one_connection_opens_at_most_grpc_max_threads_streams(server, channel):
     finally:
         h2.close()
 
+
+
+def test_calls_past_twice_the_threads_are_refused_at_once_and_a_normal_call_waits_at_most_the_body_timeout(
+        server, channel):
+    """Four connections of THREADS message-less calls each, twice what the worker takes at once: the calls past it
+    are refused RESOURCE_EXHAUSTED at once, and a normal Predict made meanwhile is refused as fast or served within the
+    body timeout. Before the bound the calls queued behind the threads without end, and the normal call waited for
+    two rounds of body timeouts ahead of it."""
+    attackers = [H2(server.grpc_target) for _ in range(4)]
+    try:
+        opened = time.monotonic()
+        streams = [[h2.call(PREDICT, PREDICT_TOKEN) for _ in range(THREADS)] for h2 in attackers]
+        for h2 in attackers:
+            h2.pump(0.2)
+        code, took = timed_predict(channel, timeout=BODY_TIMEOUT_S + 3 * SLACK_S)
+        assert (code == grpc.StatusCode.OK and took < BODY_TIMEOUT_S + SLACK_S) or (
+            code == grpc.StatusCode.RESOURCE_EXHAUSTED and took < SLACK_S), (code, took)
+        refused_at_once = sum(1 for h2, ids in zip(attackers, streams, strict=True) for stream in ids
+                              if stream in h2.ended and h2.ended[stream][1] < opened + SLACK_S)
+        assert refused_at_once >= 4 * THREADS - 2 * THREADS, refused_at_once
+    finally:
+        for h2 in attackers:
+            h2.close()
+
+
+def test_connections_past_max_connections_are_closed_and_idle_ones_after_the_keepalive_timeout(server, channel):
+    """Idle connections kept every file descriptor of the worker (REST's port went with them): past
+    --max_connections grpc closes a new one at once, and one without a call closes after --keepalive_timeout."""
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS, 0, 0, b"")
+    host, port = server.grpc_target.rsplit(":", 1)
+    sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(MAX_CONNECTIONS + 10)]
+    try:
+        for sock in sockets:
+            sock.sendall(preface)
+        assert MAX_CONNECTIONS - 10 < sum(not closed(sock, 0.05) for sock in sockets) <= MAX_CONNECTIONS
+        time.sleep(KEEPALIVE_S + SLACK_S)
+        assert all(closed(sock, 0.05) for sock in sockets)
+        assert timed_predict(channel, timeout=5)[0] == grpc.StatusCode.OK
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def closed(sock: socket.socket, wait: float) -> bool:
+    """Whether the server has closed the connection (what it sent meanwhile is read and dropped)."""
+    sock.settimeout(wait)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True

@@ -221,6 +221,22 @@ def test_a_stalled_tls_handshake_is_cut_off(server):
         assert closed_within(sock, HEADER_TIMEOUT_S + 5) >= HEADER_TIMEOUT_S - 0.5
 
 
+@pytest.mark.parametrize("port", ["rest", "grpc"])
+def test_a_client_hello_sent_a_byte_at_a_time_is_cut_off_at_the_header_deadline(server, port):
+    """A deadline on each read let a handshake that sends a byte a second stay open for ever (REST), and grpc's own
+    handshake timeout was 120 s."""
+    host, number = rest_address(server) if port == "rest" else server.grpc_target.rsplit(":", 1)
+    hello = bytes.fromhex("16030100c8010000c40303") + bytes(32)  # a ClientHello's start: record and handshake heads
+    with socket.create_connection((host, int(number)), timeout=10) as sock:
+        started = time.monotonic()
+        with pytest.raises(OSError):  # reset by the server: at the deadline, not before
+            for byte in hello:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.5)
+                assert time.monotonic() - started < HEADER_TIMEOUT_S + 5, "still in its handshake past the deadline"
+        assert time.monotonic() - started >= HEADER_TIMEOUT_S - 0.5
+
+
 def test_trickled_headers_inside_tls_are_cut_off(server, pki):
     with socket.create_connection(rest_address(server), timeout=10) as raw:
         with pki.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as sock:

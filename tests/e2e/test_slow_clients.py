@@ -14,6 +14,7 @@ from server_harness import b64, jpeg, predict_body, rest_address, run_server, ti
 PER_KIND = 100  # connections of each kind: header tricklers, body tricklers, idlers
 TIMEOUTS = ("--request_header_timeout=2", "--request_body_timeout=2", "--keepalive_timeout=3")
 MAX_CONNECTIONS = 400
+ASKED = 300  # answers a client that never reads asks for: 14 MB of /openapi.json
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +170,33 @@ def test_a_body_that_stops_arriving_gets_408(server):
     assert answer.startswith(b"HTTP/1.1 408 ") and b'{"error":"The request body did not arrive in time"}' in answer, \
         answer
 
+
+
+def test_a_client_that_never_reads_its_answers_is_cut_off(server):
+    """Clients that ask and never read: each answer must be taken within the body timeout (2 s, plus a second every
+    64 KiB), or the connection breaks. Without that deadline they kept their connections, and with as many as
+    --max_connections, every new client got 503, for as long as they liked."""
+    ask = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * ASKED
+    readers = []
+    for _ in range(8):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(rest_address(server))
+        sock.sendall(ask)
+        readers.append(sock)
+    answer = requests.get(f"{server.rest_url}/openapi.json", timeout=10)
+    assert answer.status_code == 200
+    time.sleep(2 + len(answer.content) / 65536 + 3)  # past the write deadline, with slack for a loaded machine
+    for sock in readers:
+        received = 0
+        sock.settimeout(5)
+        try:
+            while data := sock.recv(1 << 20):
+                received += len(data)
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            pytest.fail(f"the connection is still open: {received} bytes of {ASKED * len(answer.content)} sent")
+        finally:
+            sock.close()
+        assert received < ASKED * len(answer.content)  # more than the kernel buffers of both ends hold

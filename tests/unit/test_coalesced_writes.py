@@ -9,13 +9,20 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
 
 
 class RecordingSocket:
-    """The one stand-in here: it records each sendall, which a real socket cannot show."""
+    """The one stand-in here: it records each sendall and the timeout it was made under, which a real socket cannot
+    show."""
 
     def __init__(self):
         self.writes: list[bytes] = []
+        self.timeout: float | None = None
+        self.timeouts: list[float | None] = []
+
+    def settimeout(self, value: float | None) -> None:
+        self.timeout = value
 
     def sendall(self, data, *flags):
         self.writes.append(bytes(data))
+        self.timeouts.append(self.timeout)
 
 
 def deadline_socket() -> tuple[DeadlineSocket, RecordingSocket]:
@@ -64,3 +71,11 @@ def test_writes_outside_a_request_are_not_held():
     sock, raw = deadline_socket()
     sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
     assert raw.writes == [b"HTTP/1.1 503 Service Unavailable\r\n\r\n"]
+
+
+def test_each_write_must_be_taken_within_the_body_timeout_plus_a_second_per_64_kib():
+    """A client that asks and never reads has its connection broken there (tests/e2e/test_slow_clients.py)."""
+    sock, raw = deadline_socket()
+    sock.sendall(b"x" * 10)
+    sock.sendall(b"x" * 655_360)
+    assert [round(t, 1) for t in raw.timeouts] == [10.0, 20.0] and raw.timeout is None

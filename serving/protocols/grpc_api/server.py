@@ -70,16 +70,29 @@ def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
     message is asked for (gate.py). Each connection may have at most --grpc_max_threads streams open (HTTP/2's
     SETTINGS_MAX_CONCURRENT_STREAMS, which grpc leaves unlimited): no more of one connection's calls can run at
     once, a client queues the rest itself (grpc clients wait for a stream rather than fail), and one connection
-    can no longer queue thousands of calls that never send a message ahead of everyone else's.
+    can no longer queue thousands of calls that never send a message ahead of everyone else's. Connections are
+    bounded as the REST port's are: at most --max_connections per worker (grpc refuses the next; unbounded, idle
+    ones took every file descriptor of the worker, and REST's port with them), closed after --keepalive_timeout
+    without a call, and a handshake must finish within --request_header_timeout (grpc's own default: 120 s).
     --grpc_channel_arguments adds to these and overrides them."""
     max_message = protocols.grpc_max_message_bytes
-    options: list[tuple[str, int | str]] = [("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0),
-                                            ("grpc.max_receive_message_length", max_message),
-                                            ("grpc.max_send_message_length", max_message),
-                                            ("grpc.max_concurrent_streams", protocols.grpc_max_threads)]
+    options: list[tuple[str, int | str]] = [
+        ("grpc.so_reuseport", 1), ("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", max_message),
+        ("grpc.max_send_message_length", max_message), ("grpc.max_concurrent_streams", protocols.grpc_max_threads),
+        ("grpc.max_allowed_incoming_connections", protocols.max_connections),
+        ("grpc.max_connection_idle_ms", round(protocols.keepalive_timeout * 1000)),
+        ("grpc.server_handshake_timeout_ms", round(protocols.request_header_timeout * 1000))]
     given = parse_channel_arguments(protocols.grpc_channel_arguments)
     keys = {key for key, _ in given}
     return [option for option in options if option[0] not in keys] + given
+
+
+def max_calls(protocols: ProtocolOptions) -> int:
+    """The calls a worker takes at once, running or queued for a thread; past it grpc answers RESOURCE_EXHAUSTED at
+    once. A call holds its thread until its message is complete, --request_body_timeout at most, so with no more
+    queued than there are threads a call waits at most that long however many stall ahead of it. Unbounded, a few
+    connections of message-less calls kept the queue ahead of every other call longer than its deadline."""
+    return 2 * protocols.grpc_max_threads
 
 
 def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
@@ -100,7 +113,8 @@ def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOp
     pool = futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc",
                                       initializer=threads.name_native_thread, initargs=("petal-grpc",))
     server = grpc.server(pool, options=channel_options(protocols), interceptors=[gate(dataplane, protocols, security,
-                                                                                       pool)])
+                                                                                       pool)],
+                         maximum_concurrent_rpcs=max_calls(protocols))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane, max_message),
                                                                        server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload), server)
