@@ -133,6 +133,24 @@ def restore_for_export(checkpoint_dir: str) -> tuple[keras.Model, ModelConfig]:
     return model, config
 
 
+def what_failed(message: str) -> str:
+    """A TF error's own words, without what a graph's error puts around them: a heading ("Graph execution error:",
+    "Detected at node ...:"), the Python stack where the node was defined and the node's tags, all indented."""
+    said = [line for line in message.splitlines() if line and not line[0].isspace() and not line.endswith(":")]
+    return said[-1] if said else message
+
+
+def warmup_image(path: str) -> bytes:
+    """A --warmup_images file's bytes, refused with its name unless it is an image the signature decodes (a folder or
+    a CSV among the matches was a traceback)."""
+    try:
+        data = tf.io.gfile.GFile(path, "rb").read()
+        tf.io.decode_image(data, channels=3, expand_animations=False)
+    except tf.errors.OpError as e:
+        raise ValueError(f"--warmup_images: {path}: {what_failed(e.message)}") from None
+    return data
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="petal export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint_dir", required=True, help="the --output_dir of `petal train`")
@@ -150,12 +168,15 @@ def main(argv: list[str]) -> int:
             files = sorted(tf.io.gfile.glob(args.warmup_images))[:MAX_WARMUP_IMAGES]
             if not files:
                 raise FileNotFoundError(f"no files match --warmup_images {args.warmup_images!r}")
-            warmup = [tf.io.gfile.GFile(f, "rb").read() for f in files]
+            warmup = [warmup_image(f) for f in files]
         model, config = restore_for_export(args.checkpoint_dir)
         path = export_saved_model(model, os.path.join(args.export_dir, args.model_name), list(config.labels),
                                   config.image_size, version=args.version, warmup_images=warmup)
     except (OSError, ValueError) as e:  # a missing checkpoint, a version that exists, a path under a file
         print(f"petal export: {e}", file=sys.stderr)
+        return 1
+    except tf.errors.OpError as e:  # a damaged checkpoint
+        print(f"petal export: {what_failed(e.message)}", file=sys.stderr)
         return 1
     print(path)
     return 0

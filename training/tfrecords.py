@@ -315,6 +315,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str]) -> int:
     args, beam_args = parse_args(argv)
     sources = {split: source for split, source in zip(SPLITS, (args.train, args.eval), strict=True) if source}
+    empty = [source for source in sources.values() if is_folder(source) and not list_class_folders(source)]
+    if empty:  # it wrote empty shards with exit 0, which training then repeated for ever
+        print(f"petal tfrecords: error: {empty[0]} has no images in class folders ({empty[0]}/<label>/<image>)",
+              file=sys.stderr)
+        return 2
     try:
         labels = read_labels(args.labels_file) if args.labels_file else infer_labels(next(iter(sources.values())))
     except (OSError, ValueError) as e:

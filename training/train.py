@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from exported_models.model_format import DEFAULT_MODEL_NAME, LABELS_FILE, read_labels
-from training.export import MAX_WARMUP_IMAGES, export_saved_model
+from training.export import MAX_WARMUP_IMAGES, export_saved_model, what_failed
 from training.input import input_fn
 from training.models import CONFIG_FILE, DEFAULT_MODEL, MODEL_NAMES, ModelConfig, fed_transposed
 from training.preprocessing import FEATURES
@@ -64,6 +64,13 @@ def _files(pattern: str) -> list[str]:
     if not files:
         raise FileNotFoundError(f"no files match {pattern!r}")
     return files
+
+
+def check_records(pattern: str, flag: str) -> None:
+    """Refuse a pattern whose files hold no record: a training set of empty shards repeated for ever and never made
+    a batch, so the run hung without a word, and an empty eval set was recorded as accuracy 0."""
+    if next(iter(tf.data.TFRecordDataset(_files(pattern)).take(1)), None) is None:
+        raise ValueError(f"{flag} {pattern!r}: its files hold no records")
 
 
 def distributed_input(strategy: tf.distribute.Strategy, config: TrainConfig,
@@ -325,13 +332,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _what_failed(message: str) -> str:
-    """A TF error's own words, without what a graph's error puts around them: a heading ("Graph execution error:",
-    "Detected at node ...:"), the Python stack where the node was defined and the node's tags, all indented."""
-    said = [line for line in message.splitlines() if line and not line[0].isspace() and not line.endswith(":")]
-    return said[-1] if said else message
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     for flag in ("train_steps", "train_batch_size", "steps_per_eval", "steps_per_execution", "image_size"):
@@ -350,6 +350,8 @@ def main(argv: list[str]) -> int:
             steps_per_execution=args.steps_per_execution, transpose_input=args.transpose_input,
             num_train_images=args.num_train_images, num_eval_images=args.num_eval_images,
             model_name=args.model_name)
+        check_records(args.train_data_paths, "--train_data_paths")
+        check_records(args.eval_data_paths, "--eval_data_paths")
         set_mixed_precision(args.mixed_precision)
         strategy = resolve_strategy(args.tpu, args.use_tpu, args.tpu_zone, args.project)
         per_replica_batch_size(config.train_batch_size, strategy)
@@ -359,6 +361,6 @@ def main(argv: list[str]) -> int:
         print(f"petal train: {e}", file=sys.stderr)
         return 2
     except tf.errors.OpError as e:  # a damaged TFRecord file mid-run, an --output_dir under a file
-        print(f"petal train: {_what_failed(e.message)}", file=sys.stderr)
+        print(f"petal train: {what_failed(e.message)}", file=sys.stderr)
         return 1
     return 0

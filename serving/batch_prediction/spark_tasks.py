@@ -11,6 +11,9 @@ executor's own unpacked copy.
 """
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
 import os
 import posixpath
 import time
@@ -63,8 +66,16 @@ def archived_name(version_dir: str) -> str:
     return "/".join(p for p in parts[-2:] if p)
 
 
-def _open(path: str):
-    return tf.io.gfile.GFile(path, "rb")
+@contextlib.contextmanager
+def _open(path: str) -> Iterator[Any]:
+    """A file's bytes, decompressed when its name says so, as Beam's FileSystems.open gives them."""
+    with tf.io.gfile.GFile(path, "rb") as raw:
+        if path.endswith(".gz"):
+            yield gzip.GzipFile(fileobj=raw)
+        elif path.endswith(".bz2"):
+            yield bz2.BZ2File(raw)
+        else:
+            yield raw
 
 
 def _read(input_format: str, mode: str, unit: Any) -> Iterator[steps.Record | steps.Failure]:

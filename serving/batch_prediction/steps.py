@@ -27,9 +27,11 @@ import json
 import logging
 import posixpath
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -61,12 +63,13 @@ ERRORS_FILE = f"{ERRORS_PREFIX}-00000-of-00001"
 FORMATS = ("images", "filelist", "tfrecord", "jsonl")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".jsonl": "jsonl",
                ".json": "jsonl", ".txt": "filelist", ".lst": "filelist", ".list": "filelist"}
+COMPRESSED = (".gz", ".bz2")  # read decompressed, by both engines, as Beam's FileSystems.open reads them
 _SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")
 # A TFRecord is its length (8 bytes) and the length's CRC (4), the data, and the data's CRC (4).
 _TFRECORD_HEADER = 12
 _TFRECORD_FRAMING = _TFRECORD_HEADER + 4
 
-Opener = Callable[[str], BinaryIO]
+Opener = Callable[[str], AbstractContextManager[Any]]  # a file opened for binary reads, in a with-block
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,12 @@ def is_url(path: str) -> bool:
 
 
 def infer_format(pattern: str) -> str:
-    """The format a pattern's extension implies; anything unrecognised is taken to be image files."""
-    return _EXTENSIONS.get(posixpath.splitext(pattern.rstrip("*"))[1].lower(), "images")
+    """The format a pattern's extension implies, under a compressed file's (`.jsonl.gz`); anything unrecognised is
+    taken to be image files."""
+    stem, extension = posixpath.splitext(pattern.rstrip("*"))
+    if extension.lower() in COMPRESSED:
+        extension = posixpath.splitext(stem)[1]
+    return _EXTENSIONS.get(extension.lower(), "images")
 
 
 # --- reading ------------------------------------------------------------------------------------------------
@@ -209,10 +216,10 @@ def read_jsonl_file(path: str, open_file: Opener, mode: str = IMAGES) -> Iterato
     number = 0
     try:
         with open_file(path) as f:
-            for number, raw in enumerate(f, start=1):
+            for number, raw in enumerate(iter(f.readline, b""), start=1):  # Beam's compressed files have no __iter__
                 if raw.strip():
                     yield _json_record(f"{path}:{number}", raw, mode)
-    except (OSError, tf.errors.OpError) as e:
+    except (OSError, EOFError, zlib.error, tf.errors.OpError) as e:  # a compressed file cut short or corrupt too
         yield Failure(f"{path}:{number + 1}", "UNAVAILABLE", f"cannot read the file past line {number}: {e}")
 
 

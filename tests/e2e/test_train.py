@@ -97,6 +97,29 @@ def test_a_damaged_shard_a_missing_tpu_and_an_output_under_a_file_are_one_line_e
     assert code == 1 and len(lines) == 1 and "not a directory" in lines[0], lines
 
 
+def test_shards_without_records_are_one_line_and_not_a_run_that_never_ends(tiny_data, tmp_path):
+    """Empty train shards were repeated for ever and never made a batch: the run hung at full CPU without a word."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in glob.glob(os.path.join(tiny_data, "*")):
+        (empty / os.path.basename(path)).write_bytes(b"" if "train-" in path else open(path, "rb").read())
+    code, lines = fails(train_args(str(empty), tmp_path / "run", "--train_steps", "4"))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("petal train: --train_data_paths ") and "its files hold no records" in lines[0]
+
+
+def test_warmup_images_that_are_not_images_are_one_line(trained, tmp_path):
+    """A folder or a CSV among the matches was a traceback."""
+    output_dir, _ = trained
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "labels.csv").write_text("a,b\n")
+    code, lines = fails([PETAL, "export", "--checkpoint_dir", str(output_dir), "--export_dir", str(tmp_path / "out"),
+                         "--warmup_images", str(tmp_path / "photos" / "*")])
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"petal export: --warmup_images: {tmp_path / 'photos' / 'labels.csv'}: "), lines
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out" / "flowers")
+
+
 def test_petal_export_from_the_checkpoint_dir(trained, tmp_path):
     output_dir, _ = trained
     result = run([PETAL, "export", "--checkpoint_dir", str(output_dir), "--export_dir", str(tmp_path),

@@ -169,3 +169,16 @@ def test_bad_flags_are_clear_errors(messy, tmp_path, capsys):
     assert tfrecords.main(["--train", messy["csv"], "--labels_file", messy["labels_file"],
                            "--output_dir", str(tmp_path / "o"), "--runner", "NoSuchRunner"]) == 2
     assert "NoSuchRunner" in capsys.readouterr().err
+
+
+
+def test_a_folder_without_class_folders_is_refused_before_any_shard_is_written(messy, tmp_path, capsys):
+    """Its photos were neither read nor listed as errors: the job wrote empty shards with exit 0, which training
+    then repeated for ever."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "daisy.jpg").write_bytes(b"\xff\xd8 a photo not in a class folder")
+    assert tfrecords.main(["--train", str(loose), "--labels_file", messy["labels_file"],
+                           "--output_dir", str(tmp_path / "o")]) == 2
+    assert f"{loose} has no images in class folders ({loose}/<label>/<image>)" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
