@@ -97,10 +97,11 @@ def assert_cut_tails_are_one_error_each(errors: list[dict], cuts: dict[str, str]
 def write_jsonl_input(path: str, inputs: dict[str, bytes], paths: list[str]) -> list[str]:
     lines = [json.dumps({"key": source, "image_bytes": {"b64": base64.b64encode(inputs[source]).decode()}})
              for source in paths]
-    lines += ["{not json", json.dumps({"key": "bad-b64", "image_bytes": {"b64": "@@@"}})]
+    lines += ["{not json", json.dumps({"key": "bad-b64", "image_bytes": {"b64": "@@@"}}),
+              '{"key": NaN, "image_bytes": {"b64": "QQ=="}}', json.dumps({"key": None, "image_bytes": {"b64": "@@@"}})]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return paths + [f"{path}:{len(paths) + 1}", "bad-b64"]
+    return paths + [f"{path}:{len(paths) + 1}", "bad-b64", f"{path}:{len(paths) + 3}", f"{path}:{len(paths) + 4}"]
 
 
 

@@ -271,6 +271,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy) ->
     if trainer.chief:
         config.model_config.save(config.output_dir)
     step = trainer.restore()
+    if step > config.train_steps:  # it did nothing and said nothing
+        raise ValueError(f"{config.output_dir} is at step {step}, past --train_steps {config.train_steps}: give a "
+                         "larger --train_steps to train on, or another --output_dir")
     train_data = iter(distributed_input(strategy, config, training=True)[0])
     eval_data, eval_pipelines = distributed_input(strategy, config, training=False)
     writers = ({name: tf.summary.create_file_writer(os.path.join(config.output_dir, name))
@@ -350,12 +353,12 @@ def main(argv: list[str]) -> int:
             steps_per_execution=args.steps_per_execution, transpose_input=args.transpose_input,
             num_train_images=args.num_train_images, num_eval_images=args.num_eval_images,
             model_name=args.model_name)
-        check_records(args.train_data_paths, "--train_data_paths")
-        check_records(args.eval_data_paths, "--eval_data_paths")
         set_mixed_precision(args.mixed_precision)
         strategy = resolve_strategy(args.tpu, args.use_tpu, args.tpu_zone, args.project)
         per_replica_batch_size(config.train_batch_size, strategy)
         per_replica_batch_size(config.eval_batch_size, strategy)
+        check_records(args.train_data_paths, "--train_data_paths")  # after the strategy: a multi-worker one must
+        check_records(args.eval_data_paths, "--eval_data_paths")  # configure TensorFlow before its first op
         train_and_evaluate(config, strategy)
     except (OSError, ValueError) as e:
         print(f"petal train: {e}", file=sys.stderr)

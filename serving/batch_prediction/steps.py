@@ -186,14 +186,20 @@ def read_tfrecord_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failu
                   f"{path}: byte {offset} of {size} does not start a whole TFRecord ({after}): {reason}")
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
+    """One line to a record keyed by its `key`, or by its place when it has none (null included); NaN and the
+    infinities, which Python's reader takes, are not JSON: a NaN key was written back as NaN, an invalid line."""
     try:
-        row = json.loads(raw)
+        row = json.loads(raw, parse_constant=_not_json)
     except ValueError as e:
         return Failure(position, "INVALID_ARGUMENT", f"line is not valid JSON: {e}")
     if not isinstance(row, dict):
         return Failure(position, "INVALID_ARGUMENT", "line must be a JSON object with key and image_bytes")
-    key = row.get("key", position)
+    key = position if row.get("key") is None else row["key"]
     if mode != IMAGES:
         from serving.batch_prediction import any_model
 

@@ -64,6 +64,15 @@ def test_rerunning_a_finished_run_changes_nothing(trained, tiny_data):
     assert os.listdir(os.path.join(output_dir, "export", "flowers")) == ["12"]
 
 
+def test_fewer_train_steps_than_the_run_has_taken_is_one_line(trained, tiny_data):
+    """It was a run that did nothing and said nothing."""
+    output_dir, _ = trained
+    code, lines = fails(train_args(tiny_data, output_dir, "--train_steps", "8"))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0] == (f"petal train: {output_dir} is at step 12, past --train_steps 8: give a larger --train_steps "
+                        "to train on, or another --output_dir")
+
+
 def fails(args) -> tuple[int, list[str]]:
     result = subprocess.run(args, capture_output=True, text=True, timeout=300, env=user_environment())
     return result.returncode, result.stderr.splitlines()
