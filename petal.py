@@ -6,12 +6,11 @@ A dispatcher only: each subcommand lives in the package it belongs to and parses
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
 
-from training import PROGRESS_LOGGER
+from training import PROGRESS_LOGGER, JsonFormatter
 
 COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that installs its dependencies, help)
     "synth": ("training.synth", "train", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
@@ -33,18 +32,6 @@ WITHOUT_KERAS = {"serve", "predict", "batch"}
 IMPORT_TENSORFLOW = {"predict", "batch", "tfrecords", "train", "export"}
 # Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
 EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, so logs can be shipped and queried without parsing prose."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-                 "msg": record.getMessage()}
-        entry.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
 
 
 def configure_logging(verbose: bool) -> None:

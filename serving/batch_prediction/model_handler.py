@@ -8,6 +8,8 @@ serving/batch_prediction/steps.py that the Spark job uses too.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -24,11 +26,25 @@ from serving.batch_prediction.steps import (  # noqa: F401  (read_model_info and
     read_model_info,
     row_bytes,
 )
-from training import PROGRESS_LOGGER
+from training import PROGRESS_LOGGER, JsonFormatter
 
 METRICS_NAMESPACE = "petal.batch"
 PROGRESS_SECONDS = 10.0
 progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
+
+
+def log_progress_to_stderr() -> None:
+    """In a worker process of its own (`--direct_running_mode multi_processing`), progress goes as JSON lines to the
+    stderr it shares with the job, as the job logs: Beam's logging channel carries it to the job only as an INFO
+    line of Beam's own logger, which a quiet job does not show, so such a job showed no progress at all."""
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    if logger.handlers:  # another copy in this process did it
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
@@ -48,6 +64,7 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         self._tpu = tpu
         self._rows = 0
         self._started = self._logged = -1.0  # set at this copy's first batch, on its worker
+        self._job_pid = os.getpid()  # a copy run in another process is in a Beam worker process of its own
 
     def load_model(self) -> BatchModel:
         return load_model(self._info, self._batch_size, self._use_tpu, self._tpu)
@@ -67,6 +84,8 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         now = time.monotonic()
         if self._started < 0:
             self._started = self._logged = now
+            if os.getpid() != self._job_pid:
+                log_progress_to_stderr()
         self._rows += rows
         if now - self._logged >= PROGRESS_SECONDS:
             self._logged = now

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -314,6 +315,20 @@ def test_progress_moves_with_every_batch_the_model_predicts(model_dir, inputs, t
     done = [r.fields["rows_predicted"] for r in caplog.records if r.getMessage() == "batch progress"]
     assert len(done) == summary["batches"] >= 7
     assert done == sorted(set(done)) and done[-1] == summary["results"] == 100
+
+
+def test_a_worker_process_of_its_own_writes_its_progress_to_the_jobs_stderr(model_dir, monkeypatch, capfd):
+    """With --direct_running_mode multi_processing the model's step runs in worker processes, whose logs Beam carries
+    to the job only as its own INFO lines, which a quiet job does not show: such a job showed no progress at all."""
+    monkeypatch.setattr(model_handler, "PROGRESS_SECONDS", 0.0)
+    handler = model_handler.SavedModelHandler(model_handler.read_model_info(model_dir), 16)
+    capfd.readouterr()
+    worker = multiprocessing.get_context("fork").Process(target=handler._log_progress, args=(16,))
+    worker.start()
+    worker.join(60)
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    assert [(line["logger"], line["msg"], line["rows_predicted"]) for line in lines] == [
+        (PROGRESS_LOGGER, "batch progress", 16)]
 
 
 def test_predictions_equal_a_real_servers_rest_predict(image_job, model_dir, inputs):
