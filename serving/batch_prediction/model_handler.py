@@ -37,14 +37,13 @@ def log_progress_to_stderr() -> None:
     """In a worker process of its own (`--direct_running_mode multi_processing`), progress goes as JSON lines to the
     stderr it shares with the job, as the job logs: Beam's logging channel carries it to the job only as an INFO
     line of Beam's own logger, which a quiet job does not show, so such a job showed no progress at all."""
-    logger = logging.getLogger(PROGRESS_LOGGER)
-    if logger.handlers:  # another copy in this process did it
+    if progress.handlers:  # another copy in this process did it
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
 
 
 class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
