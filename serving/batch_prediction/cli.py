@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serving.batch_prediction import preflight, steps
+from serving.config import DataPlaneOptions
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
@@ -46,6 +47,9 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=64,
                         help="rows per model call, fixed; a multiple of the replica count")
     parser.add_argument("--top_k", type=int, default=0, help="also write the k best labels with their scores")
+    parser.add_argument("--max_image_pixels", type=int, default=DataPlaneOptions.max_image_pixels,
+                        help="an image whose header claims more pixels is an error row, never decoded (the "
+                             "server's flag and default)")
     parser.add_argument("--tpu", default=None, help="TPU name or grpc:// address; implies --use_tpu")
     parser.add_argument("--use_tpu", action="store_true", help="run inference under TPUStrategy")
     parser.add_argument("--overwrite", action="store_true",
@@ -57,6 +61,8 @@ def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--batch_size must be at least 1")
     if args.top_k < 0:
         parser.error("--top_k must not be negative")
+    if args.max_image_pixels < 1:
+        parser.error("--max_image_pixels must be at least 1")
     args.input_format = args.input_format or steps.infer_format(args.input)
     args.use_tpu = args.use_tpu or args.tpu is not None
     preflight.resolve_paths(args)

@@ -90,11 +90,12 @@ class DecodeImages(beam.DoFn):
     """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it (any
     other SavedModel: `(key, payload)` to the row its signature takes)."""
 
-    def __init__(self, info: ModelInfo):
+    def __init__(self, info: ModelInfo, max_image_pixels: int):
         self._info = info
+        self._max_image_pixels = max_image_pixels
 
     def setup(self) -> None:
-        self._decode = steps.make_decoder(self._info)
+        self._decode = steps.make_decoder(self._info, self._max_image_pixels)
 
     def process(self, record: tuple[Any, bytes]) -> Iterator[Any]:
         stamp_work()
@@ -120,7 +121,7 @@ class FormatRows(beam.DoFn):
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: ModelInfo) -> None:
     """read -> decode on the host -> RunInference on static batches -> sharded JSON Lines."""
     records, read_failures = pipeline | "Read" >> ReadRecords(args.input, args.input_format, info.mode)
-    decoded = records | "Decode" >> beam.ParDo(DecodeImages(info)).with_outputs(
+    decoded = records | "Decode" >> beam.ParDo(DecodeImages(info, args.max_image_pixels)).with_outputs(
         FAILED, main="images")
     handler: KeyedModelHandler[Any, Any, Any, Any] = KeyedModelHandler(
         SavedModelHandler(info, args.batch_size, args.use_tpu, args.tpu))

@@ -220,7 +220,7 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         tf.io.gfile.rmtree(temporary)
     tf.io.gfile.makedirs(temporary)
     job = PartitionJob(info, args.input_format, args.output_dir.rstrip("/"), len(units), args.batch_size,
-                       args.top_k, args.use_tpu, args.tpu, ship_model(spark, info))
+                       args.top_k, args.use_tpu, args.tpu, args.max_image_pixels, ship_model(spark, info))
     logger.info("batch job starting", extra={"fields": {
         "engine": "spark", "model": info.path, "input": args.input, "format": args.input_format,
         "output_dir": args.output_dir, "batch_size": args.batch_size, "partitions": job.partitions,

@@ -43,6 +43,7 @@ class PartitionJob:
     top_k: int
     use_tpu: bool
     tpu: str | None
+    max_image_pixels: int
     model_archive: str | None = None
 
     def results_path(self, index: int) -> str:
@@ -102,14 +103,15 @@ def _model(job: PartitionJob) -> tuple[steps.BatchModel, steps.ImageDecoder | st
     TensorFlow's pools can only be sized before its runtime starts, so the first task sizes them to the cores
     Spark gives a task (spark.task.cpus): the executor's other cores run other tasks' workers.
     """
-    key = (job.info, job.model_archive, job.batch_size, job.use_tpu, job.tpu)
+    key = (job.info, job.model_archive, job.batch_size, job.use_tpu, job.tpu, job.max_image_pixels)
     if key not in _models:
         if not _models:
             cpus = _task().cpus()
             tf.config.threading.set_intra_op_parallelism_threads(cpus)
             tf.config.threading.set_inter_op_parallelism_threads(cpus)
         info = job.executor_info()
-        _models[key] = (steps.load_model(info, job.batch_size, job.use_tpu, job.tpu), steps.make_decoder(info))
+        _models[key] = (steps.load_model(info, job.batch_size, job.use_tpu, job.tpu),
+                        steps.make_decoder(info, job.max_image_pixels))
     return _models[key]
 
 

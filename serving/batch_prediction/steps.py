@@ -47,6 +47,7 @@ from exported_models.model_format import (
     read_signatures,
 )
 from serving.core.errors import ServingError, op_error_message
+from serving.core.images import check_pixels
 from training.preprocessing import preprocess_eval
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,20 @@ def file_list_path(list_file: str, line: str) -> str | None:
                                                                                    path)
 
 
+def _example_key(features: Any, position: str) -> Any:
+    """The record's `key` or `image/filename` feature, a string or an integer (an int64 key was passed over for
+    the record's position), else its position."""
+    for name in ("key", "image/filename"):
+        if name not in features:  # reading a missing entry of a protobuf map would add it
+            continue
+        feature = features[name]
+        if feature.bytes_list.value:
+            return feature.bytes_list.value[0].decode("utf-8", "replace")
+        if feature.int64_list.value:
+            return int(feature.int64_list.value[0])
+    return position
+
+
 def _example_record(position: str, serialized: bytes, mode: str) -> Record | Failure:
     example = example_pb2.Example()
     try:
@@ -143,17 +158,13 @@ def _example_record(position: str, serialized: bytes, mode: str) -> Record | Fai
     except DecodeError:
         return Failure(position, "INVALID_ARGUMENT", "record is not a serialized tf.train.Example")
     features = example.features.feature
-    key = position
-    for name in ("key", "image/filename"):
-        values = features[name].bytes_list.value if name in features else ()
-        if values:
-            key = values[0].decode("utf-8", "replace")
-            break
+    key = _example_key(features, position)
     if mode != IMAGES:
         return key, serialized
     encoded = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
-    if not encoded:
-        return Failure(key, "INVALID_ARGUMENT", "tf.train.Example has no image/encoded bytes")
+    if len(encoded) != 1:  # a second image was dropped without a word: a record is one image, one answer
+        return Failure(key, "INVALID_ARGUMENT", "tf.train.Example has no image/encoded bytes" if not encoded else
+                       f"tf.train.Example has {len(encoded)} images in image/encoded; a record holds one")
     return key, encoded[0]
 
 
@@ -415,21 +426,29 @@ class PayloadDecoder:
             return Failure.of(key, error)
 
 class ImageDecoder:
-    """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it."""
+    """`(key, bytes)` to `(key, float32 [H, W, 3] in [-1, 1])`, on the host, exactly as the server does it.
 
-    def __init__(self, height: int, width: int):
+    An image whose header claims more than `max_pixels` becomes an error row before anything decodes it, as the
+    server refuses it: a few KB of decompression bomb would otherwise take gigabytes in a worker, and the worker's
+    death takes every record of its bundle or partition with it."""
+
+    def __init__(self, height: int, width: int, max_pixels: int):
+        self._max_pixels = max_pixels
         self._decode = tf.function(lambda data: preprocess_eval(data, height, width),
                                    input_signature=[tf.TensorSpec([], tf.string)])
 
     def __call__(self, key: Any, data: bytes) -> tuple[Any, np.ndarray] | Failure:
         try:
+            check_pixels(np.array([data], dtype=object), self._max_pixels)
             return key, self._decode(data).numpy()
+        except ServingError as error:
+            return Failure.of(key, error)
         except tf.errors.InvalidArgumentError as e:
             return Failure(key, "INVALID_ARGUMENT", f"cannot decode image: {op_error_message(e.message)}")
 
 
-def make_decoder(info: ModelInfo) -> ImageDecoder | PayloadDecoder:
-    return ImageDecoder(info.height, info.width) if info.mode == IMAGES else PayloadDecoder(info)
+def make_decoder(info: ModelInfo, max_image_pixels: int) -> ImageDecoder | PayloadDecoder:
+    return ImageDecoder(info.height, info.width, max_image_pixels) if info.mode == IMAGES else PayloadDecoder(info)
 
 
 def prediction_row(key: Any, prediction: dict[str, np.ndarray], class_names: tuple[str, ...], top_k: int) -> dict:

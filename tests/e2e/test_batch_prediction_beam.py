@@ -31,6 +31,7 @@ from batch_jobs import (
     write_tfrecord_input,
 )
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH as SHIPPED_MODEL
+from load_tests.pixel_flood import flat_jpeg
 from server_harness import ROOT, TF_NATIVE_LOG, b64, run_server, user_environment
 from serving.batch_prediction import job as batch_job
 from serving.batch_prediction import model_handler, preflight, spark_job
@@ -216,6 +217,32 @@ def test_cli_rejects_bad_flags(model_dir, capsys):
         with pytest.raises(SystemExit):
             batch_job.parse_args(["--model_dir", model_dir, "--input", "x", "--output_dir", "o", f"{flag}=1"])
         assert f"{flag}: the Spark job's, not Beam's; add --engine=spark" in capsys.readouterr().err
+
+
+def test_an_image_over_max_image_pixels_is_an_error_row_and_never_decoded(model_dir, inputs, tmp_path, capsys):
+    """A real 49 Mpx JPEG (0.7 MB, flat colour) is over the default limit, the server's; the flag reaches the
+    workers (a limit of 100 pixels refuses the small photos too); 0 is refused before the job starts."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    photos = sorted(p for p in inputs if os.path.basename(p).startswith("flower"))[:3]
+    for path in photos:
+        (folder / os.path.basename(path)).write_bytes(inputs[path])
+    (folder / "bomb.jpg").write_bytes(flat_jpeg(7000))
+    bomb = str(folder / "bomb.jpg")
+    job = ["--model_dir", model_dir, "--input", str(folder / "*"), "--batch_size", "4", *IN_MEMORY]
+    summary = run_job(capsys, *job, "--output_dir", str(tmp_path / "default"))
+    assert (summary["results"], summary["errors"], summary["complete"]) == (3, 1, True)
+    results, errors = read_output(str(tmp_path / "default"))
+    assert sorted(os.path.basename(row["key"]) for row in results) == [os.path.basename(p) for p in photos]
+    assert errors == [{"key": bomb, "error": {"status": "INVALID_ARGUMENT", "message": (
+        "Image too large: 49000000 pixels exceeds the limit of 40000000 (--max_image_pixels)")}}]
+    summary = run_job(capsys, *job, "--output_dir", str(tmp_path / "low"), "--max_image_pixels", "100")
+    assert (summary["results"], summary["errors"]) == (0, 4)
+    assert all(row["error"]["message"].endswith("exceeds the limit of 100 (--max_image_pixels)")
+               for row in read_output(str(tmp_path / "low"))[1])
+    with pytest.raises(SystemExit):
+        batch_job.parse_args([*job, "--output_dir", str(tmp_path / "zero"), "--max_image_pixels", "0"])
+    assert "--max_image_pixels must be at least 1" in capsys.readouterr().err
 
 
 def test_the_spark_only_flags_are_the_spark_jobs_own():

@@ -41,6 +41,7 @@ from batch_jobs import (
     write_jsonl_input,
     write_tfrecord_input,
 )
+from load_tests.pixel_flood import flat_jpeg
 from server_harness import ROOT, TF_NATIVE_LOG, free_ports, tiny_model_base
 from serving.batch_prediction import job as beam_job
 from serving.batch_prediction import preflight, spark_job
@@ -50,7 +51,8 @@ SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-clas
 GOOD = 30
 GONE = "gone.jpg"  # a link to a deleted photo
 CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
-           "notes.jpg": "Unknown image file format"}
+           "notes.jpg": "Unknown image file format",
+           "bomb.jpg": "Image too large: 49000000 pixels exceeds the limit of 40000000 (--max_image_pixels)"}
 CLUSTER_START_S = 120
 WORKERS = 2
 
@@ -149,12 +151,13 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory) -> dict[str, bytes]:
-    """GOOD JPEGs and three files that must become error lines, by path."""
+    """GOOD JPEGs and four files that must become error lines, by path: the last a real JPEG of 49 Mpx, over the
+    default --max_image_pixels."""
     folder = tmp_path_factory.mktemp("spark-images")
     jpeg = synth.render("daisy", 0, min_size=40, max_size=64)
     files = {f"flower{i:03d}.jpg": synth.render(i % 5, i, min_size=40, max_size=64) for i in range(GOOD)}
     files.update({"corrupt.jpg": jpeg[:20] + bytes(len(jpeg) - 20), "empty.jpg": b"",
-                  "notes.jpg": b"this is a text file, not an image\n"})
+                  "notes.jpg": b"this is a text file, not an image\n", "bomb.jpg": flat_jpeg(7000)})
     for name, data in files.items():
         (folder / name).write_bytes(data)
     (folder / GONE).symlink_to(folder / "deleted.jpg")  # a record NOT_FOUND on both engines (Beam lost it)
@@ -242,6 +245,9 @@ def test_the_cluster_gives_every_record_once_with_the_beam_jobs_answers(kind, sp
     assert_same_answers(results + errors, beam_results + beam_errors)
     assert len(errors) >= 2 and {e["error"]["status"] for e in errors} <= {"INVALID_ARGUMENT", "DATA_LOSS", "NOT_FOUND"}
     assert (kind == "images") == any(e["error"]["status"] == "NOT_FOUND" for e in errors)
+    if kind == "images":
+        messages = {os.path.basename(e["key"]): e["error"]["message"] for e in errors}
+        assert all(text in messages[name] for name, text in CORRUPT.items()), messages
     assert_cut_tails_are_one_error_each(errors, cuts)
 
 

@@ -67,3 +67,22 @@ def test_a_whole_file_has_no_error_and_a_missing_one_is_one(tmp_path):
     assert list(steps.read_tfrecord_file(path, "classify")) == [(f"r{i}", e) for i, e in enumerate(examples)]
     (failure,) = steps.read_tfrecord_file(str(tmp_path / "gone.tfrecord"))
     assert (failure.key, failure.status) == (f"{tmp_path}/gone.tfrecord:0", "NOT_FOUND")
+
+
+def test_an_integer_key_keys_its_record_and_two_images_in_one_are_an_error(tmp_path):
+    """An int64 `key` was passed over for the record's position, and a second image/encoded value was dropped."""
+    def example(**features: tf.train.Feature) -> bytes:
+        return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+    def images(*values: bytes) -> tf.train.Feature:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(values)))
+
+    path = str(tmp_path / "x.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(example(key=tf.train.Feature(int64_list=tf.train.Int64List(value=[1234])),
+                             **{"image/encoded": images(b"one")}))
+        writer.write(example(**{"image/filename": images(b"two.jpg"), "image/encoded": images(b"a", b"b")}))
+    first, second = steps.read_tfrecord_file(path)
+    assert first == (1234, b"one")
+    assert second == steps.Failure("two.jpg", "INVALID_ARGUMENT",
+                                   "tf.train.Example has 2 images in image/encoded; a record holds one")
