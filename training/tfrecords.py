@@ -90,6 +90,16 @@ def class_folder_labels(folder: str) -> list[str]:
     return sorted({row.label for row in list_class_folders(folder)})
 
 
+def imageless_class_folders(folder: str) -> list[str]:
+    """The subfolders of a local class-folder input that hold no file, which therefore name no label: a class whose
+    copy failed left a model of one class fewer, and nothing said so."""
+    if is_url(folder):
+        return []
+    labels = set(class_folder_labels(folder))
+    return sorted(name for name in os.listdir(folder)
+                  if os.path.isdir(os.path.join(folder, name)) and name not in labels)
+
+
 def is_folder(path: str) -> bool:
     """A class-folder input (not a CSV): a local directory, or a URL ending in '/'."""
     if is_url(path):
@@ -328,6 +338,10 @@ def main(argv: list[str]) -> int:
     if not labels:
         print("petal tfrecords: error: no labels found; pass --labels_file", file=sys.stderr)
         return 2
+    source = next(iter(sources.values()))
+    if not args.labels_file and is_folder(source) and (imageless := imageless_class_folders(source)):
+        print(f"petal tfrecords: warning: {', '.join(imageless)} in {source} hold no images, so they are no labels; "
+              f"the labels are {', '.join(labels)}", file=sys.stderr)
     num_shards = {"train": args.num_shards, "eval": args.eval_num_shards or args.num_shards}
     try:
         results = run(sources, args.output_dir, labels, num_shards, beam_args)

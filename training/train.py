@@ -60,10 +60,17 @@ class TrainConfig:
 
 
 def _files(pattern: str) -> list[str]:
-    files = sorted(f for p in pattern.split(",") for f in tf.io.gfile.glob(p.strip()))
+    """Every file of a comma-separated list of patterns, each of which must match: a mistyped part
+    (`train-*,trian-extra-*`) was dropped without a word, and the run trained on part of its data."""
+    files = []
+    for part in filter(None, (p.strip() for p in pattern.split(","))):
+        matched = tf.io.gfile.glob(part)
+        if not matched:
+            raise FileNotFoundError(f"no files match {part!r}" + (f" (in {pattern!r})" if part != pattern else ""))
+        files += matched
     if not files:
         raise FileNotFoundError(f"no files match {pattern!r}")
-    return files
+    return sorted(files)
 
 
 def check_records(pattern: str, flag: str) -> None:

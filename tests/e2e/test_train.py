@@ -183,6 +183,11 @@ def test_bad_flags_are_clear_errors(tiny_data, tmp_path, capsys):
     assert train.main(["--train_data_paths", str(tmp_path / "nope-*"), "--eval_data_paths", str(tmp_path / "nope-*"),
                        "--output_dir", str(tmp_path)]) == 2
     assert "no files match" in capsys.readouterr().err
+    train_files = os.path.join(tiny_data, "train-*")
+    assert train.main(["--train_data_paths", f"{train_files},{tmp_path / 'trian-*'}", "--eval_data_paths",
+                       os.path.join(tiny_data, "eval-*"), "--output_dir", str(tmp_path)]) == 2
+    assert f"no files match '{tmp_path / 'trian-*'}' (in '{train_files},{tmp_path / 'trian-*'}')" in (
+        capsys.readouterr().err)
     assert train.main(train_args(tiny_data, tmp_path, "--train_steps", "0")[2:]) == 2
     assert "--train_steps must be positive" in capsys.readouterr().err
     assert export.main(["--checkpoint_dir", str(tmp_path), "--export_dir", str(tmp_path / "out")]) == 1

@@ -162,6 +162,18 @@ def test_class_folders_as_input_infer_sorted_labels_and_replace_stale_shards(mes
     assert labels == {"daisy": 0, "roses": 1, "tulips": 2}
 
 
+def test_a_class_folder_without_images_is_named_in_a_warning(messy, tmp_path, capsys):
+    """Labels come from the images' folders, so an empty one is no label: the run says so, not silently."""
+    photos = tmp_path / "photos"
+    for name in ("daisy", "roses", "tulips"):
+        (photos / name).mkdir(parents=True)
+    (photos / "daisy" / "a.jpg").write_bytes(next(iter(messy["good"].values())))
+    assert tfrecords.main(["--train", str(photos), "--output_dir", str(tmp_path / "o")]) == 0
+    assert (f"petal tfrecords: warning: roses, tulips in {photos} hold no images, so they are no labels; "
+            "the labels are daisy") in capsys.readouterr().err
+    assert (tmp_path / "o" / "labels.txt").read_text() == "daisy\n"
+
+
 def test_bad_flags_are_clear_errors(messy, tmp_path, capsys):
     with pytest.raises(SystemExit) as missing_input:
         tfrecords.main(["--train", str(tmp_path / "nope.csv"), "--output_dir", str(tmp_path / "o")])
