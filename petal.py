@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from training import PROGRESS_LOGGER, JsonFormatter
 
@@ -32,6 +33,8 @@ WITHOUT_KERAS = {"serve", "predict", "batch"}
 IMPORT_TENSORFLOW = {"predict", "batch", "tfrecords", "train", "export"}
 # Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
 EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
+# What a Ctrl-C leaves, said after `petal COMMAND: interrupted` (`petal batch` says it of its output folder itself).
+INTERRUPTED_HINTS = {"train": "; the same command resumes from its last checkpoint"}
 
 
 def configure_logging(verbose: bool) -> None:
@@ -55,6 +58,15 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def interrupted(command: str) -> NoReturn:
+    """Ctrl-C: one line, and exit status 130 as a shell reports SIGINT, at once: the threads of TensorFlow, Beam or
+    Spark, cut off, printed tracebacks as the interpreter shut down, a screenful that said less than this line."""
+    print(f"petal {command}: interrupted{INTERRUPTED_HINTS.get(command, '')}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = bool(argv) and argv[0] in ("-v", "--verbose")
@@ -63,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(usage(), file=sys.stdout if argv[:1] in ([], ["-h"], ["--help"]) else sys.stderr)
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    try:
+        return run(argv, verbose)
+    except KeyboardInterrupt:
+        interrupted(argv[0])
+
+
+def run(argv: list[str], verbose: bool) -> int:
     configure_logging(verbose)
     module_name, extra, _ = COMMANDS[argv[0]]
     if argv[0] in WITHOUT_KERAS:

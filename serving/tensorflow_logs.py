@@ -28,6 +28,7 @@ SEVERITIES = {b"I": "INFO", b"W": "WARNING", b"E": "ERROR", b"F": "CRITICAL"}  #
 ERROR = 2
 PIPE_BYTES = 1 << 20  # so that a burst while the importing thread holds the GIL never blocks the writer
 MAX_LINE_BYTES = 1 << 20  # a writer that never ends a line has it written out in pieces this long
+INTERRUPTED_RELAY_S = 2.0
 
 
 def min_log_level() -> int:
@@ -74,12 +75,17 @@ def stderr_filtered(keep: Callable[[bytes], bool]) -> Iterator[None]:
     relay.start()
     os.dup2(write_end, 2)
     os.close(write_end)
+    interrupted = False
     try:
         yield
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         sys.stderr.flush()
         os.dup2(stderr, 2)  # the pipe's last writer is gone: the relay reads to its end and stops
-        relay.join()
+        # unless child processes hold the pipe too: on Ctrl-C, those still ending are not waited for
+        relay.join(timeout=INTERRUPTED_RELAY_S if interrupted else None)
         os.close(stderr)
 
 

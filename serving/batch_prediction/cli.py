@@ -7,10 +7,14 @@ worker sees them (serving/batch_prediction/preflight.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from serving.batch_prediction import preflight, steps
@@ -68,15 +72,54 @@ def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     preflight.resolve_paths(args)
 
 
-def run_and_report(run: Callable[[], dict[str, Any]]) -> int:
+def run_and_report(run: Callable[[], dict[str, Any]], output_dir: str) -> int:
     """Exit 2, with one line, for a job that cannot start (bad paths, an unreadable model, a used or unwritable
-    output directory), 1 for one that lost rows."""
+    output directory), 1 for one that lost rows, 130 (as a shell reports SIGINT) for one stopped by Ctrl-C, whose
+    traceback through the engine's threads was a screenful that said less than one line: what the Ctrl-C left."""
     try:
         job_summary = run()
     except (preflight.CannotStart, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"petal batch: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"petal batch: interrupted: --output_dir {output_dir} holds an unfinished run; rerun with --overwrite",
+              file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(130)  # at once, as petal.py's `interrupted`: the engine's threads, cut off, print tracebacks
     return steps.report(job_summary)
+
+
+@contextlib.contextmanager
+def stopped_by_ctrl_c(interrupted: threading.Event) -> Iterator[None]:
+    """Within the block a Ctrl-C sets `interrupted`, after which nothing more is logged, and leaves it as a
+    KeyboardInterrupt, whatever the engine made of it (Beam's in-memory runner raised a RuntimeError, after an
+    ERROR log line with the traceback of every frame it went through). A no-op outside the main thread, which
+    alone can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    def not_after_it(record: logging.LogRecord) -> bool:
+        return not interrupted.is_set()
+
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(not_after_it)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    except BaseException:
+        if interrupted.is_set():
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for handler in handlers:
+            handler.removeFilter(not_after_it)
 
 
 def quiet() -> bool:

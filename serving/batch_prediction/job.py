@@ -14,9 +14,9 @@ or Spark. `--engine=spark` runs the same records through the same steps as a pla
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -31,7 +31,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, PortableOption
 
 from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
-from serving.batch_prediction.cli import SPARK_ONLY_FLAGS, add_job_flags, check_job_flags, quiet, run_and_report
+from serving.batch_prediction.cli import (
+    SPARK_ONLY_FLAGS,
+    add_job_flags,
+    check_job_flags,
+    quiet,
+    run_and_report,
+    stopped_by_ctrl_c,
+)
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
 from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
@@ -192,7 +199,9 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, info)
     level = tensorflow_logs.min_log_level()
-    with tensorflow_logs.stderr_filtered(functools.partial(shown_quiet, level=level)) if quiet() else nullcontext():
+    interrupted = threading.Event()  # the worker processes get a Ctrl-C too: their tracebacks are not shown
+    with tensorflow_logs.stderr_filtered(lambda line: not interrupted.is_set() and shown_quiet(line, level)) \
+            if quiet() else nullcontext(), stopped_by_ctrl_c(interrupted):
         result = pipeline.run()
         result.wait_until_finish()
     seconds = time.monotonic() - started
@@ -203,4 +212,4 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args, options = parse_args(argv)
-    return run_and_report(lambda: run(args, options))
+    return run_and_report(lambda: run(args, options), args.output_dir)

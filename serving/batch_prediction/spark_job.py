@@ -252,7 +252,7 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
-        return run_and_report(lambda: run(args))
+        return run_and_report(lambda: run(args), args.output_dir)
     except (Py4JError, PySparkException) as error:  # Spark failed once asked: its first line, not Py4J's traceback
         print(f"petal batch: error: Spark: {preflight.first_line(error)}", file=sys.stderr)
         return 1

@@ -1,11 +1,13 @@
 """`petal batch` end to end: real JPEGs on disk, a real exported SavedModel, the real Beam DirectRunner."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -243,6 +245,56 @@ def test_an_image_over_max_image_pixels_is_an_error_row_and_never_decoded(model_
     with pytest.raises(SystemExit):
         batch_job.parse_args([*job, "--output_dir", str(tmp_path / "zero"), "--max_image_pixels", "0"])
     assert "--max_image_pixels must be at least 1" in capsys.readouterr().err
+
+
+def _group(pgid: int) -> list[str]:
+    """The command lines of the processes in a process group."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+def test_ctrl_c_is_one_line_exit_130_and_leaves_no_worker(mode, model_dir, inputs, tmp_path):
+    """Ctrl-C reaches the job and its Beam worker processes alike (a terminal signals the whole process group). It
+    was a screenful of tracebacks: the job's, its threads' and each worker's, then forwarded again as CRITICAL log
+    lines. Now one line, exit status 130, and no process of the job left."""
+    listing = tmp_path / "photos.txt"
+    listing.write_text((next(p for p in inputs if os.path.basename(p).startswith("flower")) + "\n") * 100_000)
+    output = tmp_path / "out"
+    workers = ["--direct_num_workers", "2"] if mode == "multi_processing" else []
+    job = subprocess.Popen(
+        [sys.executable, "-m", "petal", "batch", "--model_dir", model_dir, "--input", str(listing), "--output_dir",
+         str(output), "--direct_running_mode", mode, *workers], cwd=ROOT, env=user_environment(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a background CI shell
+    try:
+        deadline = time.monotonic() + 120
+        # running: the workers are up (each a Python under a shell), or the job has made its output folder
+        while not (sum("sdk_worker_main" in c for c in _group(job.pid)) >= 2 if workers else output.exists()):
+            assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.05)
+        time.sleep(1.5)
+        os.killpg(job.pid, signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+        assert job.returncode == 130, stderr[-3000:]
+        assert stderr.splitlines() == [
+            f"petal batch: interrupted: --output_dir {output} holds an unfinished run; rerun with --overwrite"], stderr
+        while _group(job.pid):
+            assert time.monotonic() < deadline, _group(job.pid)
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
 
 
 def test_the_spark_only_flags_are_the_spark_jobs_own():
