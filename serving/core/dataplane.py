@@ -233,7 +233,8 @@ class DataPlane:
                 rows = images.top_k(outputs[PROBABILITIES_OUTPUT], servable.class_names, ALL_CLASSES)
                 results.append(examples.Result(task.method, task.key, classifications=rows))
             else:
-                outputs = self._run_on(servable, task.key, info, {examples.INPUTS: serialized}, deadline, api)
+                outputs = self._run_on(servable, task.key, examples.fed_as_serialized(info),
+                                       {examples.INPUTS: serialized}, deadline, api)
                 results.append(examples.result(task, outputs, len(serialized)))
         if api == "multi_inference":  # TF Serving counts the examples of MultiInference alone (multi_inference.cc)
             self.metrics.example_counts.observe(len(serialized), model=model)

@@ -14,7 +14,7 @@ No model runs here (numpy and protos), so the dataplane and the warmup replay bo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tensorflow.core.example import example_pb2
@@ -80,6 +80,18 @@ def check_signature(method: str, info: SignatureInfo) -> None:
         raise invalid(f"No regression inputs found in SignatureDef: {_describe(info)}")
     if OUTPUTS not in info.outputs:
         raise invalid(f"No regression outputs found in SignatureDef: {_describe(info)}")
+
+
+def fed_as_serialized(info: SignatureInfo) -> SignatureInfo:
+    """The signature as its examples are fed: its `inputs` a DT_STRING of serialized tf.Examples, whatever dtype it
+    declares. TF Serving feeds that tensor by name as strings and never reads the declared dtype (regressor.cc
+    and classifier.cc into util.cc PerformOneShotTensorComputation), and its own saved_model_half_plus_three,
+    the model of api_rest.md's example, declares DT_FLOAT for a string placeholder: converted to the declared
+    dtype, the example's regress was refused."""
+    tensor = info.inputs[INPUTS]
+    if tensor.dtype == "DT_STRING":
+        return info
+    return replace(info, inputs={INPUTS: replace(tensor, dtype="DT_STRING")})
 
 
 def check_tasks(tasks: list[Task]) -> None:
