@@ -30,7 +30,12 @@ import numpy as np
 
 from exported_models.model_format import SignatureInfo
 from serving.core import Servable, ServingError, check_shape, coerce, examples, invalid
-from serving.protocols.codec.tfserving_json import example_input, float32_json, instance_tensors, predict_response
+from serving.protocols.codec.tfserving_json import (
+    example_input,
+    instance_tensors,
+    predict_response,
+    results_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +150,10 @@ class SignatureBatchModel:
         if self.method != PREDICT:
             outputs = self.servable.run(self.signature_name, {examples.INPUTS: np.array(padded, dtype=object)})
             if self.method == CLASSIFY:
-                return [[[label, float32_json(score)] for label, score in row]
-                        for row in examples.classifications(outputs, self.batch_size)[:len(rows)]]
-            return [float32_json(v) for v in examples.regressions(outputs, self.batch_size)[:len(rows)]]
+                return results_response(examples.Result(self.method, self.signature_name, classifications=(
+                    examples.classifications(outputs, self.batch_size)[:len(rows)])))
+            return results_response(examples.Result(self.method, self.signature_name, regressions=(
+                examples.regressions(outputs, self.batch_size)[:len(rows)])))
         if self.servable.static_shapes:  # as the server checks a TF2 signature's shapes, here row by row
             signature = self.servable.signatures[self.signature_name]
             for row in rows:

@@ -549,8 +549,10 @@ def test_predict(client, spec, inputs, expected):
     (TF2, {"instances": [{"x": 2.0}]}, {"predictions": [3.0]}),
     (TFLITE, {"inputs": {"x": [1.0, 2.0, 5.0]}}, {"outputs": [2.5, 3.0, 4.5]}),
     (KERAS, {"instances": [[1.0, 0.0, 0.0]]}, {"predictions": [[1.5]]}),
+    # json_tensor.cc FillTensorMapFromInputsMap reads only the signature's names from an "inputs" object
+    (HPT, {"inputs": {"x": [[1.0], [2.0]], "request_id": "abc"}}, {"outputs": [[2.5], [3.0]]}),
 ], ids=["row 123", "row h3", "row stable 2x2", "server test row", "server test columnar", "columnar named",
-        "tf2 row", "tf2 row objects", "tflite columnar", "keras row"])
+        "tf2 row", "tf2 row objects", "tflite columnar", "keras row", "columnar with a key it lacks"])
 def test_rest_predict_row_and_columnar_bodies(clients, path, body, expected):
     assert clients["rest"].post(f"{path}:predict", body) == expected
 

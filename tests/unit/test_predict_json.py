@@ -1,9 +1,11 @@
-"""REST Predict's JSON as TF Serving writes and reads it, without a model: float32 written shortest with NaN and
-Infinity, every dtype in row and columnar form, the batch check of rows, and JSON values that must fit the input's
-dtype (the same on a real server is tests/e2e/test_predict_formats.py)."""
+"""REST Predict's JSON as TF Serving writes and reads it, without a model: float32 written as TF Serving's C++ writes
+it (six digits, or nine when six do not read back) with NaN and Infinity, every dtype in row and columnar form, the
+batch check of rows, and JSON values that must fit the input's dtype (the same on a real server is
+tests/e2e/test_predict_formats.py)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -13,21 +15,53 @@ from serving.core.dataplane import coerce
 from serving.protocols.codec.tfserving_json import encode_predict, predict_response
 
 
-def test_float32_is_written_shortest_with_nan_and_infinity_as_tf_serving_writes_them():
-    outputs = {"y": np.array([0.1, 2.05, np.nan, np.inf, -np.inf, 3.0], np.float32)}
-    assert encode_predict(outputs, row_format=True) == b'{"predictions":[0.1,2.05,NaN,Infinity,-Infinity,3.0]}'
+def tf_serving_text(value: float) -> str:
+    """util/json_tensor.cc WriteDecimal for a float32, as TF Serving's C++ runs it: absl::StrCat's six significant
+    digits, %.9g when those do not read back as the same float32, ".0" after a number with neither "." nor "e"."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "-Infinity" if value < 0 else "Infinity"
+    text = f"{value:.6g}"
+    if np.float32(text) != np.float32(value):
+        text = f"{value:.9g}"
+    return text if "." in text or "e" in text else text + ".0"
+
+
+def test_float32_is_written_as_tf_servings_own_tests_expect_with_nan_and_infinity():
+    """json_tensor_test.cc FromJsonSingleFloatTensorSixDigitPrecision and ...NonFinite, and the 9-digit case:
+    read as doubles, TF Serving's 0.333333343 for a third is not the shortest decimal's 0.33333334."""
+    six_digits = np.array([[9000000, 999999, 0.5], [0.0003, 0.00003, 555557.5]], np.float32)
+    assert json.loads(encode_predict({"y": six_digits}, row_format=True)) == json.loads(
+        '{"predictions": [[9e+06, 999999.0, 0.5], [0.0003, 3e-05, 555557.5]]}')
+    outputs = {"y": np.array([0.1, 2.05, np.nan, np.inf, -np.inf, 3.0, 1 / 3, -0.0], np.float32)}
+    assert encode_predict(outputs, row_format=True) == (
+        b'{"predictions":[0.1,2.05,NaN,Infinity,-Infinity,3.0,0.333333343,-0.0]}')
     assert encode_predict({"h": np.array([[0.1]], np.float16)}, row_format=False) == b'{"outputs":[[0.1]]}'
 
 
-def test_finite_float32_of_any_layout_is_each_value_shortest():
-    rng = np.random.default_rng(0)
-    values = (rng.standard_normal(4000) * 10.0 ** rng.integers(-40, 38, 4000)).astype(np.float32)
-    values[:3] = [0.1, 3.4028235e38, 1e-45]  # the largest float32 and the smallest subnormal
-    grid = values.reshape(40, 100).T  # not C-contiguous
-    got = predict_response({"y": grid}, row_format=False)["outputs"]
-    assert got == [[float(str(v)) for v in row] for row in grid]  # numpy's shortest repr of each float32
-    assert encode_predict({"y": np.array([[0.2, 1 / 3]], np.float32)}, row_format=True) == (
-        b'{"predictions":[[0.2,0.33333334]]}')
+@pytest.mark.parametrize("size", [5, 4000])  # Python's formatting for a few values, numpy's arithmetic for more
+def test_float32_of_every_exponent_and_layout_reads_back_as_tf_servings_text(size):
+    rng = np.random.default_rng(size)
+    values = rng.integers(0, 2**32, size, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+    values[:5] = [0.1, 3.4028235e38, 1e-45, -1 / 3, 0.0]  # the largest float32, the smallest subnormal
+    grid = values.reshape(size // 5, 5).T  # not C-contiguous
+    got = json.loads(encode_predict({"y": grid}, row_format=False))["outputs"]
+    expected = json.loads("[" + ",".join("[" + ",".join(map(tf_serving_text, row.tolist())) + "]" for row in grid)
+                          + "]")
+    assert np.array_equal(np.array(got), np.array(expected), equal_nan=True)
+    assert np.array_equal(np.signbit(np.array(got)), np.signbit(np.array(expected)))
+    assert np.array_equal(np.array(predict_response({"y": grid}, row_format=False)["outputs"]), np.array(got),
+                          equal_nan=True)  # the Python values, as the batch jobs and the NaN path write them
+
+
+def test_classify_scores_and_regress_values_are_tf_servings_too():
+    from serving.core import Result
+    from serving.protocols.codec.tfserving_json import encode_results
+    assert encode_results(Result("tensorflow/serving/regress", "", regressions=[1 / 3, 2.5])) == (
+        b'{"results":[0.333333343,2.5]}')
+    assert encode_results(Result("tensorflow/serving/classify", "", classifications=[[("a", 2 / 3), ("b", 1.0)]])) \
+        == b'{"results":[[["a",0.666666687],["b",1.0]]]}'
 
 
 def test_rows_need_every_output_batched_alike():
@@ -93,4 +127,4 @@ def test_orjson_writes_the_answer_with_the_values_of_the_python_path():
             chosen = {k: outputs[k] for k in names}
             assert json.loads(encode_predict(chosen, row_format)) == predict_response(chosen, row_format)
     assert encode_predict({"p": np.array([[0.2, 3.3e-6]], np.float32), "c": np.array([b"roses"], dtype=object)},
-                          row_format=True) == b'{"predictions":[{"p":[0.2,0.0000033],"c":"roses"}]}'
+                          row_format=True) == b'{"predictions":[{"p":[0.2,3.3e-6],"c":"roses"}]}'

@@ -46,8 +46,8 @@ def test_parse(data, value):
     assert parse(data) == value
 
 
-@pytest.mark.parametrize("data, message", [(b"", "JSON Parse error: The document is empty. at offset: 0$"),
-                                           (b"  \n", "JSON Parse error: The document is empty. at offset: 0$"),
+@pytest.mark.parametrize("data, message", [(b"", "JSON Parse error: The document is empty$"),
+                                           (b"  \n", "JSON Parse error: The document is empty. at offset: 3$"),
                                            (b"{", "JSON Parse error: "), (b"\xff", "JSON Parse error: ")])
 def test_parse_rejects(data, message):
     error = invalid_message(parse, data)

@@ -87,8 +87,10 @@ def scan(data: bytes, charge: Charge) -> Document:
     opens or closes a string; with some, escaped backslashes and then escaped quotes are blanked first (a backslash
     outside a string is malformed JSON, which msgspec then refuses). For a document msgspec parses,
     the cut is exact; for any other the checks may see garbage, and the document is refused either way."""
-    if not data or data.isspace():
-        raise invalid("JSON Parse error: The document is empty. at offset: 0")
+    if not data:  # json_tensor.cc ParseJson's own words, before RapidJSON's
+        raise invalid("JSON Parse error: The document is empty")
+    if data.isspace():  # RapidJSON's, at the end of the white space
+        raise invalid(f"JSON Parse error: The document is empty. at offset: {len(data)}")
     encoding = json.detect_encoding(data)
     if encoding != "utf-8":
         try:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -25,7 +27,7 @@ from msgspec import UNSET
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import input_pb2
 
-from serving.core import Result, SignatureInfo, invalid
+from serving.core import Code, Result, ServingError, SignatureInfo, invalid
 from serving.protocols.codec import strict_json
 from serving.protocols.codec.strict_json import Charge
 from serving.protocols.codec.text import b64decode
@@ -103,11 +105,22 @@ class PredictRequest:
     row_format: bool
     named: dict[str, object] | None
     unnamed: object = None
+    refused: ServingError | None = None  # what the body's keys are refused for, once the model is found
 
     def tensors(self, signature: SignatureInfo) -> dict[str, object]:
-        """The tensors by input name of `signature` (unnamed values go to its only input)."""
+        """The tensors by input name of `signature` (unnamed values go to its only input). A columnar "inputs"
+        object gives the signature's names and nothing else, as TF Serving reads one (json_tensor.cc
+        FillTensorMapFromInputsMap): a key the signature lacks is passed over, where it was refused, and one it
+        needs (without a default) is TF Serving's error."""
+        if self.refused is not None:
+            raise self.refused
         if self.named is not None:
-            return self.named
+            if self.row_format or self.named.keys() == signature.inputs.keys():
+                return self.named
+            for name in signature.inputs:
+                if name not in self.named and name not in signature.defaults:
+                    raise invalid(f"Missing named input: {name} in 'inputs' object.")
+            return {name: value for name, value in self.named.items() if name in signature.inputs}
         names = list(signature.inputs)
         if len(names) != 1:
             raise invalid(f"The signature has {len(names)} inputs {names}; " + (
@@ -117,9 +130,22 @@ class PredictRequest:
 
 
 def decode_predict(data: bytes, charge: Charge) -> PredictRequest:
-    """A predict body, every {"b64"} decoded; its tensors are checked against a signature by the DataPlane."""
+    """A predict body, every {"b64"} decoded; its tensors are checked against a signature by the DataPlane. What is
+    wrong with its "instances" or "inputs" is told once the model and signature are found, as TF Serving tells it
+    (json_tensor.cc FillPredictRequestFromJson looks them up first): an unknown model is 404 whatever the body."""
     body, document = strict_json.decode(data, _PREDICT, charge)
     signature_name = _signature_name(body.signature_name, document.data)
+    try:
+        request, keys = _predict_tensors(body, document, signature_name)
+    except ServingError as error:
+        if error.code != Code.INVALID_ARGUMENT:
+            raise
+        return PredictRequest(signature_name, False, None, refused=error)
+    strict_json.check_keys(document, keys)  # a duplicate key at once: which of the two is read is no error text's
+    return request
+
+
+def _predict_tensors(body: Any, document: strict_json.Document, signature_name: str) -> tuple[PredictRequest, int]:
     if body.instances is UNSET and body.inputs is UNSET:
         raise invalid("Missing 'inputs' or 'instances' key")
     if body.instances is not UNSET and body.inputs is not UNSET:
@@ -146,8 +172,7 @@ def decode_predict(data: bytes, charge: Charge) -> PredictRequest:
         tensor = walk.tensor if walk else _as_is
         request = PredictRequest(signature_name, False, {k: tensor(v) for k, v in columns.items()} if named else None,
                                  None if named else tensor(columns))
-    strict_json.check_keys(document, keys + (walk.keys if walk else 0))
-    return request
+    return request, keys + (walk.keys if walk else 0)
 
 
 def _as_is(value: object) -> object:
@@ -301,20 +326,72 @@ def _string_leaf(name: str):
     return convert
 
 
-def float32_json(value: float) -> float:
-    """A float32 as the shortest decimal that reads back as the same float32 (0.2, not 0.20000000298023224), as
-    TF Serving writes it; NaN and the infinities stay, which `encode` writes as NaN and Infinity as it does."""
-    return float(str(np.float32(value)))
+_FLOAT32 = struct.Struct("f")
+_POWERS_OF_TEN = 10.0 ** np.arange(23)  # each an exact double
+_FEW_FLOATS = 24  # below this many values, Python's formatting is faster than numpy's passes over them
+
+
+def _rounded(magnitudes: np.ndarray, exponents: np.ndarray, digits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each magnitude rounded to `digits` significant digits, as the double nearest that decimal, by one product
+    or quotient with an exact power of ten, one rounding to an integer and one exact-power division or product
+    (each correctly rounded by IEEE arithmetic); and where that is sure to be printf's rounding: the power exact,
+    the decimal exponent right, and the scaled value not within reach of a tie, which its own rounding could
+    have moved across."""
+    shift = (digits - 1) - exponents
+    up = shift >= 0
+    power = _POWERS_OF_TEN[np.minimum(np.abs(shift), 22)]
+    scaled = np.where(up, magnitudes * power, magnitudes / power)
+    integer = np.rint(scaled)
+    sure = ((np.abs(shift) <= 22) & (scaled >= _POWERS_OF_TEN[digits - 1]) & (scaled < _POWERS_OF_TEN[digits])
+            & (np.abs(scaled - np.floor(scaled) - 0.5) > 4 * np.spacing(scaled)))
+    return np.where(up, integer / power, integer * power), sure
+
+
+def _written(value: float) -> float:
+    """One float32 (as a Python float) as TF Serving writes it (tf_serving_float32)."""
+    six = float(f"{value:.6g}")
+    return six if _FLOAT32.unpack(_FLOAT32.pack(six))[0] == value else float(f"{value:.9g}")
+
+
+def tf_serving_float32(array: np.ndarray) -> np.ndarray:
+    """float32 values as the float64s of the decimals TF Serving writes for them (util/json_tensor.cc WriteDecimal):
+    the 6-significant-digit decimal when it reads back as the same float32, else the 9-digit one; NaN, the
+    infinities and zeros as they are. So an answer read as doubles (Python's json, JavaScript, Java) holds TF
+    Serving's very numbers: 0.333333343 for a third, where the shortest decimal, 0.33333334, is another double.
+
+    Vectorised for all but a few values; where the arithmetic cannot vouch for a value (a tie within its rounding
+    error, a power of ten past 10**22) that value is formatted as TF Serving formats it. tests/unit/
+    test_predict_json.py holds it to that formatting on every float32 exponent."""
+    flat = array.ravel()
+    if flat.size < _FEW_FLOATS:
+        return np.array([v if v == 0 or not math.isfinite(v) else _written(v) for v in flat.tolist()],
+                        dtype=np.float64).reshape(array.shape)
+    with np.errstate(all="ignore"):
+        values = flat.astype(np.float64)
+        magnitudes = np.abs(values)
+        finite = (magnitudes > 0) & (magnitudes < np.inf)
+        exponents = np.floor(np.log10(np.where(finite, magnitudes, 1.0))).astype(np.int64)
+        six, sure_six = _rounded(magnitudes, exponents, 6)
+        nine, sure_nine = _rounded(magnitudes, exponents, 9)
+        same = six.astype(np.float32) == np.abs(flat)
+        out = np.where(finite, np.copysign(np.where(same, six, nine), values), values)
+    for i in np.flatnonzero(finite & ~(sure_six & (same | sure_nine))).tolist():
+        out[i] = _written(float(values[i]))
+    return out.reshape(array.shape)
+
+
+def tf_serving_floats(values: Sequence[float]) -> list[float]:
+    """Classify scores or regress values (float32s) as TF Serving writes them (tf_serving_float32)."""
+    return tf_serving_float32(np.array(values, dtype=np.float32)).tolist()
 
 
 def to_json(name: str, array: np.ndarray) -> list | object:
     """A tensor as nested JSON lists; strings as text, or {"b64"} for `*_bytes` outputs and non-UTF-8 bytes;
-    float32 and float16 values as their shortest decimals (float32_json), vectorised."""
-    if array.dtype == np.float32 and array.ndim and np.isfinite(array).all():
-        # orjson writes a float32 as its shortest decimal too, about 6x faster than formatting through str; it
-        # would write NaN and the infinities as null, and a 0-d array as a list, so those take the path below
-        return orjson.loads(orjson.dumps(np.ascontiguousarray(array), option=orjson.OPT_SERIALIZE_NUMPY))
-    if array.dtype in (np.float32, np.float16):
+    float32 values as TF Serving writes them (tf_serving_float32), float16 ones (which TF Serving refuses to
+    write) as their shortest decimals."""
+    if array.dtype == np.float32:
+        return tf_serving_float32(array).tolist()
+    if array.dtype == np.float16:
         return array.astype(str).astype(np.float64).tolist()
     if array.dtype != object:
         return array.tolist()
@@ -352,15 +429,18 @@ _ORJSON_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 def _numpy_column(name: str, array: np.ndarray) -> Any:
     """An output as orjson writes it straight from the array (OPT_SERIALIZE_NUMPY), with the values to_json gives:
-    integers and booleans, finite float32 and float64 values (each its shortest decimal, as to_json's; orjson spells
-    some of them otherwise, 0.0000033 for 3.3e-6, the same number), and strings as to_json makes them. None for
-    what only to_json writes as TF Serving does: NaN and the infinities, float16, scalars (orjson writes a 0-d array
-    as a list)."""
+    integers and booleans, finite float32 values as TF Serving writes them (tf_serving_float32) and float64 ones
+    (each its shortest decimal, which reads back as the same double as TF Serving's 17 digits; orjson spells some
+    of them otherwise, 0.0000033 for 3.3e-6, the same number), and strings as to_json makes them. None for what
+    only to_json writes as TF Serving does: NaN and the infinities, float16, scalars (orjson writes a 0-d array as
+    a list)."""
     if array.ndim == 0:
         return None
     kind = array.dtype.kind
-    if kind in "iub" or (array.dtype in _ORJSON_FLOATS and np.isfinite(array).all()):
+    if kind in "iub":
         return np.ascontiguousarray(array)
+    if array.dtype in _ORJSON_FLOATS and np.isfinite(array).all():
+        return tf_serving_float32(array) if array.dtype == np.float32 else np.ascontiguousarray(array)
     return to_json(name, array) if kind == "O" else None
 
 
@@ -377,8 +457,10 @@ def encode_predict(outputs: dict[str, np.ndarray], row_format: bool) -> bytes:
 def results_response(result: Result) -> list:
     """One Classify or Regress task's "results": [[label, score], ...] per example, or a value per example."""
     if result.classifications is not None:
-        return [[[label, float32_json(score)] for label, score in row] for row in result.classifications]
-    return [float32_json(v) for v in result.regressions or ()]
+        return [[[label, score] for (label, _), score in zip(row, tf_serving_floats([s for _, s in row]),
+                                                             strict=True)]
+                for row in result.classifications]
+    return tf_serving_floats(result.regressions or ())
 
 
 def encode_results(result: Result) -> bytes:
