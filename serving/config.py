@@ -20,6 +20,9 @@ from serving.cpus import available_cores
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
+# bytes/s a client must send a body or read an answer at, past --request_body_timeout: each such chunk buys one more
+# second (serving/gevent_worker.py for REST, serving/protocols/grpc_api/gate.py for gRPC)
+MIN_BODY_RATE = 64 * 1024
 WORKER_CLASSES = ("gevent", "gthread")
 
 

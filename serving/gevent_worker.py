@@ -38,11 +38,10 @@ from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import RequestTimeout
 
 from serving import threads
-from serving.config import TLSOptions
+from serving.config import MIN_BODY_RATE, TLSOptions
 
 logger = logging.getLogger(__name__)
 
-MIN_BODY_RATE = 64 * 1024  # bytes/s; each such chunk received buys one more second of body time
 COALESCE_LIMIT = 64 * 1024  # a larger first body write goes after the header block rather than being copied
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
             b"X-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
@@ -62,7 +61,8 @@ class ReadDeadline(NoMoreData, RequestTimeout):
 def tls_context(tls: TLSOptions, cert_path: str, key_path: str) -> gssl.SSLContext:
     """The REST port's TLS context (a gevent one, so handshakes and reads yield to the loop). Python loads a
     certificate chain only from files (serving/server.py writes them); the CA is PEM text. With custom_ca but no
-    client_verify a client certificate is checked when sent, as gRPC does."""
+    client_verify a client certificate is asked for and checked when sent; the gRPC port asks for none
+    (docs/security.md, 'What Petal does not do')."""
     context = gssl.SSLContext(gssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = gssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_path, key_path)

@@ -197,6 +197,10 @@ def main(argv: list[str]) -> int:
         logger.warning("tensorflow_model_server flags that change nothing in Petal",
                        extra={"fields": {"flags": dict(options.ineffective_flags)}})
     log_estimated_budget(options)
+    if options.process.worker_class == "gthread":
+        logger.warning("--worker_class=gthread has none of the gevent front end's limits on slow clients: keep it "
+                       "off the open internet (docs/security.md, 'Limits')", extra={"fields": {"flags": [
+                           "--request_header_timeout", "--request_body_timeout", "--max_connections"]}})
     for model in options.dataplane.model_config.model_config_list.config:
         local = model.base_path.removeprefix("file://")  # another URL (gs://, s3://) is TensorFlow's to look at
         if "://" not in local and not os.path.isdir(local):

@@ -165,3 +165,7 @@ def test_servers_started_one_after_another_on_one_socket_path_all_serve_and_the_
             server.proc.wait(timeout=60)
         assert half_plus_two_predict(f"unix:{path}", "third").model_spec.name == "third"
     assert not os.path.exists(path)  # the last server, at its exit, removed its own socket
+
+
+def test_the_gthread_front_end_warns_it_has_no_limits_on_slow_clients(server):
+    assert "--worker_class=gthread has none of the gevent front end's limits on slow clients" in server.log()

@@ -5,9 +5,11 @@ drops before its message came. tests/e2e/test_pixel_flood.py floods a real serve
 from __future__ import annotations
 
 import gc
+import time
 
 import grpc
 import pytest
+from google.protobuf.wrappers_pb2 import StringValue
 
 from serving.core.budget import MemoryBudget
 from serving.memory import BODY_BYTES_FACTOR
@@ -23,10 +25,12 @@ class Aborted(Exception):
 
 
 class Context:
-    """What the gate asks of grpc's ServicerContext."""
+    """What the gate asks of grpc's ServicerContext; `end` is the call's end, once its answer is read."""
 
     def __init__(self) -> None:
         self.status: tuple[grpc.StatusCode, str] | None = None
+        self.callbacks: list = []
+        self.cancelled = False
 
     def time_remaining(self) -> float:
         return 10.0
@@ -35,11 +39,27 @@ class Context:
         self.status = (code, details)
         raise Aborted(details)
 
+    def add_callback(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.end()
+
+    def end(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
 
 def method() -> grpc.RpcMethodHandler:
-    """A method whose request and response are bytes: it answers the length it was sent."""
-    return grpc.unary_unary_rpc_method_handler(lambda request, context: str(len(request)).encode(),
-                                               request_deserializer=bytes, response_serializer=bytes)
+    """A method whose request is bytes: it answers the length it was sent, as a message."""
+    return grpc.unary_unary_rpc_method_handler(lambda request, context: StringValue(value=str(len(request))),
+                                               request_deserializer=bytes,
+                                               response_serializer=StringValue.SerializeToString)
+
+
+ANSWER = StringValue(value="300").ByteSize() * BODY_BYTES_FACTOR
 
 
 @pytest.fixture
@@ -70,7 +90,37 @@ def test_a_call_with_a_free_slot_is_served_unary_and_gives_everything_back(budge
     assert budget.held == 300 * BODY_BYTES_FACTOR, "the reservation is replaced by what the message holds"
     assert gate.receiving.acquire(blocking=False), "the receive slot is free again once the message is complete"
     gate.receiving.release()
-    assert call.unary_unary(received, Context()) == b"300"
+    context = Context()
+    assert call.unary_unary(received, context) == StringValue(value="300")
+    assert budget.held == ANSWER, "the answer is held until the client has read it"
+    context.end()
+    assert budget.held == 0
+
+
+def test_an_answer_the_client_does_not_read_is_cancelled_in_time_and_given_back(budget):
+    """grpcio keeps a unary call's answer until the client's window takes it: three connections of 64 unread calls
+    once grew a worker by 2.4 GiB, outside the budget and past any deadline."""
+    gate = gate_for(budget)
+    call = arrive(gate)
+    context = Context()
+    call.unary_unary(call.request_deserializer(b"x" * 300), context)
+    assert budget.held == ANSWER and not context.cancelled
+    deadline = time.monotonic() + 5
+    while not context.cancelled and time.monotonic() < deadline:  # --request_body_timeout (0.05 s) + 0 s per 64 KiB
+        time.sleep(0.01)
+    assert context.cancelled and budget.held == 0
+
+
+def test_an_answer_the_budget_has_no_room_for_is_refused(budget):
+    gate = gate_for(budget)
+    call = arrive(gate)
+    received = call.request_deserializer(b"x")  # a 1-byte request, answered "1": a larger answer than request
+    hog = budget.hold(budget.body_limit - StringValue(value="1").ByteSize() * BODY_BYTES_FACTOR + 1)
+    context = Context()
+    with pytest.raises(Aborted):
+        call.unary_unary(received, context)
+    assert context.status[0] == grpc.StatusCode.UNAVAILABLE
+    hog.release()
     assert budget.held == 0
 
 
@@ -83,7 +133,9 @@ def test_a_call_without_a_slot_waits_as_stream_unary_and_is_refused_in_time(budg
     with pytest.raises(Aborted):
         second.stream_unary(iter([]), context)
     assert context.status[0] == grpc.StatusCode.UNAVAILABLE and "receive slot" in context.status[1]
-    first.unary_unary(first.request_deserializer(b"x" * 10), Context())
+    context = Context()
+    first.unary_unary(first.request_deserializer(b"x" * 10), context)
+    context.end()
     assert budget.held == 0
 
 
@@ -91,8 +143,11 @@ def test_a_waiting_call_is_served_once_a_slot_frees(budget):
     gate = gate_for(budget)
     first = arrive(gate)
     second = arrive(gate)
-    first.unary_unary(first.request_deserializer(b"x" * 10), Context())
-    assert second.stream_unary(messages(second, b"y" * 20), Context()) == b"20"
+    contexts = [Context(), Context()]
+    first.unary_unary(first.request_deserializer(b"x" * 10), contexts[0])
+    assert second.stream_unary(messages(second, b"y" * 20), contexts[1]) == StringValue(value="20")
+    for context in contexts:  # both answers read
+        context.end()
     assert budget.held == 0
     assert gate.receiving.acquire(blocking=False)
 

@@ -3,6 +3,7 @@ the call's deadline in the DataPlane's clock.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,9 @@ log = logging.getLogger(__name__)
 
 # Total over Code (a KeyError here at import, never a silent UNKNOWN at request time): TF's codes are gRPC's.
 GRPC_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
+# The running call's hold on the memory budget (Gate sets it around the servicer), for what the call costs beyond
+# its message: a tensor filled from one value (serving/protocols/codec/tensor_proto.py).
+CALL_HOLD: contextvars.ContextVar[Any] = contextvars.ContextVar("petal_grpc_call_hold", default=None)
 
 
 def deadline_of(context: grpc.ServicerContext) -> float | None:

@@ -27,7 +27,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, Result, SignatureInfo, Task, invalid
 from serving.protocols.codec import tensor_proto
-from serving.protocols.grpc_api.common import deadline_of, rpc
+from serving.protocols.grpc_api.common import CALL_HOLD, deadline_of, rpc
 
 
 def model_spec_fields(spec: model_pb2.ModelSpec) -> dict[str, Any]:
@@ -77,7 +77,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        result = self.dataplane.predict(inputs=tensor_proto.signature_inputs(request.inputs, self.max_message_bytes),
+        hold = CALL_HOLD.get()
+        result = self.dataplane.predict(inputs=tensor_proto.signature_inputs(request.inputs, self.max_message_bytes,
+                                                                             hold.grow if hold else None),
                                         signature_name=request.model_spec.signature_name,
                                         output_filter=list(request.output_filter) or None,
                                         deadline=deadline_of(context), entrypoint="GRPC",
