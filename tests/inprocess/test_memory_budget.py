@@ -21,6 +21,7 @@ from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES,
 from serving.metrics import Metrics
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.v2_bytes import frame
+from serving.protocols.rest import admission
 from serving.protocols.rest.app import create_app
 
 PREDICT = "/v1/models/flowers:predict"
@@ -294,4 +295,33 @@ def test_examples_are_charged_for_the_context_copied_into_each_before_it_is_copi
         del dataplane._run_tasks
     assert len(response.get_json()["results"]) == 3
     assert seen and seen[0] > len(small) * BODY_BYTES_FACTOR + 3 * 2 * len(jpeg()), "the examples held as they run"
+    assert dataplane.memory.held == 0
+
+
+def test_an_answer_is_held_until_it_is_written_then_given_back(client, dataplane, monkeypatch):
+    """The request's hold ends as the view returns, before a byte is written: a client that does not read kept a
+    large answer outside the budget (30 of 8 MB answers, +224 MiB)."""
+    monkeypatch.setattr(admission, "ANSWER_HELD_BYTES", 100)  # the tiny model's answers are a few hundred bytes
+    response = client.post(PREDICT, data=predict_body(images=2), content_type="application/json", buffered=False)
+    assert response.status_code == 200 and response.content_length >= 100
+    assert dataplane.memory.held == response.content_length, "held while it is being written"
+    response.close()
+    assert dataplane.memory.held == 0
+
+
+def test_an_answer_the_budget_has_no_room_for_is_503(client, dataplane, monkeypatch):
+    monkeypatch.setattr(admission, "ANSWER_HELD_BYTES", 100)
+    body = predict_body(images=2)
+    first = client.post(PREDICT, data=body, content_type="application/json", buffered=True)
+    answer = first.content_length
+    # room for the request (its body, its one value outside strings, a few bytes more) but not for its answer
+    hog = dataplane.memory.hold(dataplane.memory.body_limit - len(body) * BODY_BYTES_FACTOR - JSON_VALUE_BYTES
+                                - answer // 2)
+    try:
+        response = client.post(PREDICT, data=body, content_type="application/json")
+        message = refused(response, 503)
+        response.close()
+    finally:
+        hog.release()
+    assert message.startswith("The answer (") and "memory budget" in message
     assert dataplane.memory.held == 0

@@ -20,8 +20,10 @@ from werkzeug.wsgi import get_content_length
 from serving.core import Code, DataPlane, ServingError
 from serving.memory import BODY_BYTES_FACTOR
 from serving.protocols.codec.strict_json import Charge, no_charge
+from serving.protocols.rest.httputil import error_response
 
 _HOLD = "petal.memory_hold"
+ANSWER_HELD_BYTES = 64 * 1024  # a smaller answer leaves for the socket's send buffer as it is written
 
 
 class RequestHold:
@@ -90,3 +92,22 @@ def install(app: flask.Flask, dataplane: DataPlane) -> None:
         hold = flask.request.environ.pop(_HOLD, None)
         if hold is not None:
             hold.hold.release()
+
+    @app.after_request
+    def hold_answer(response: flask.Response) -> flask.Response:
+        """An answer of ANSWER_HELD_BYTES or more holds its bytes until it is written (the response's close): the
+        request's hold ends as the view returns, before the front end writes a byte, and a client that does not
+        read keeps the answer for --request_body_timeout plus a second per 64 KiB (30 such clients of 8 MB answers
+        held +224 MiB outside the budget). One the budget has no room for is a 503, which frees it at once."""
+        if response.direct_passthrough or response.is_streamed:  # files, sent from disk
+            return response
+        size = response.content_length or 0
+        if size < ANSWER_HELD_BYTES:
+            return response
+        try:
+            hold = budget.hold(size)
+        except ServingError as error:
+            return error_response(error.code.http_status, f"The answer ({size} bytes) cannot be held now: "
+                                  f"{error.message}")
+        response.call_on_close(hold.release)
+        return response
