@@ -770,6 +770,17 @@ def test_grpc_tensors_of_another_dtype_are_refused_as_tf_servings_session_refuse
     assert refused(grpc_client, grpc_client.predict, spec, inputs, ["y"]) == ("INVALID_ARGUMENT", message)
 
 
+def test_grpc_predict_with_inputs_too_many_or_missing_is_refused_in_predict_utils_words(grpc_client):
+    """predict_util.cc VerifyRequestInputsSize, a text TF Serving's users grep their logs for."""
+    f32 = np.array([2.0], F32)
+    assert refused(grpc_client, grpc_client.predict, Spec(HPT), {"x": f32, "extra": f32}, ["y"]) == (
+        "INVALID_ARGUMENT", "input size does not match signature: 2!=1 len({extra,x}) != len({x}). Sent extra: "
+        "{extra}. Missing but required: {}.")
+    assert refused(grpc_client, grpc_client.predict, Spec(HPT), {}, ["y"]) == (
+        "INVALID_ARGUMENT", "input size does not match signature: 0!=1 len({}) != len({x}). Sent extra: {}. "
+        "Missing but required: {x}.")
+
+
 # --- batching across transports ---------------------------------------------------------------------------------
 
 def test_concurrent_calls_over_every_transport_each_get_their_own_rows(clients):

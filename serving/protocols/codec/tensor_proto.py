@@ -188,6 +188,14 @@ def signature_inputs(protos: Mapping[str, Any], limit: int, charge: Callable[[in
     feeds it to (a float64 numpy array sent for a float input, say), never cast as a JSON number is: position i
     counts the signature's inputs in name order, as serving/core/loaders.py feeds them."""
     def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
+        sent, wanted = sorted(protos), sorted(info.inputs)
+        if len(sent) > len(wanted) or (len(sent) < len(wanted) and not info.defaults):
+            # predict_util.cc VerifyRequestInputsSize's words, which TF Serving's users know from their logs
+            extra = ",".join(n for n in sent if n not in info.inputs)
+            missing = ",".join(n for n in wanted if n not in protos)
+            raise invalid(f"input size does not match signature: {len(sent)}!={len(wanted)} len({{{','.join(sent)}}})"
+                          f" != len({{{','.join(wanted)}}}). Sent extra: {{{extra}}}. Missing but required: "
+                          f"{{{missing}}}.")
         arrays = decode_inputs(protos, limit, charge)  # every dtype it leaves is one Petal serves, a Kind
         for i, name in enumerate(sorted(info.inputs)):
             have = KINDS[protos[name].dtype].name if name in protos else info.inputs[name].dtype
