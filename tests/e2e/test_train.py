@@ -141,39 +141,37 @@ def test_petal_export_from_the_checkpoint_dir(trained, tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_ctrl_c_is_one_line_and_exit_130(tiny_data, tmp_path):
-    """A Ctrl-C was a traceback through Keras and TensorFlow; the run resumes from its checkpoint (the test below)."""
-    process = subprocess.Popen(train_args(tiny_data, tmp_path, "--train_steps", "400", "--steps_per_eval", "4"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored in CI
+def signalled_at_first_checkpoint(args: list[str], output_dir, signum: int) -> tuple[int, str]:
+    """Runs `petal train` and sends it `signum` once its first checkpoint is written: its exit status and stderr.
+    SIGINT stays at its default in the run, where a background CI shell would have it ignored."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
-        while tf.train.latest_checkpoint(str(tmp_path)) is None:
+        while tf.train.latest_checkpoint(str(output_dir)) is None:
             assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the deadline"
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
         process.wait()
-    assert process.returncode == 130
+    return process.returncode, stderr
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tiny_data, tmp_path):
+    """A Ctrl-C was a traceback through Keras and TensorFlow; the run resumes from its checkpoint (the test below)."""
+    status, stderr = signalled_at_first_checkpoint(
+        train_args(tiny_data, tmp_path, "--train_steps", "400", "--steps_per_eval", "4"), tmp_path, signal.SIGINT)
+    assert status == 130
     assert stderr.splitlines()[-1] == "petal train: interrupted; the same command resumes from its last checkpoint"
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
 
 
 def test_kill_9_then_resume_finishes_at_exactly_train_steps(tiny_data, tmp_path):
     args = train_args(tiny_data, tmp_path, "--train_steps", "40", "--steps_per_eval", "4")
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while tf.train.latest_checkpoint(str(tmp_path)) is None:
-            assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the deadline"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.kill()
-        process.wait()
-    assert process.returncode == -signal.SIGKILL
+    status, _ = signalled_at_first_checkpoint(args, tmp_path, signal.SIGKILL)
+    assert status == -signal.SIGKILL
     killed_at = int(tf.train.latest_checkpoint(str(tmp_path)).rsplit("-", 1)[1])
     assert killed_at < 40
     result = run(args)
