@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +32,7 @@ SAVED_MODEL_FILE = "saved_model.pb"
 SAVED_MODEL_TEXT_FILE = "saved_model.pbtxt"
 SAVED_MODEL_FILES = (SAVED_MODEL_FILE, SAVED_MODEL_TEXT_FILE)
 TFLITE_FILE = "model.tflite"  # TF Serving's name for a version's TFLite model (--prefer_tflite_model)
+VERSION_MARKERS = (*SAVED_MODEL_FILES, TFLITE_FILE)  # a version folder holding none of these is not published yet
 LABELS_FILE = "labels.txt"
 LABELS_ASSET = f"assets/{LABELS_FILE}"
 WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
@@ -79,18 +80,36 @@ def version_dirs(base_path: str) -> dict[int, str]:
     """
     base = base_path.rstrip("/")
     try:
-        names = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(base))
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
     except tf.errors.OpError:
         return {}
+    published = [name for name in names if _is_version_name(name) and any(
+        tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in VERSION_MARKERS)]
+    return {version: f"{base}/{name}" for version, name in _pick_versions(base, published).items()}
+
+
+def versions_in_listing(base_path: str, files: Iterable[str]) -> dict[int, str]:
+    """version_dirs over a listing of every file under a base path (relative paths, `/`-separated), as an object
+    store gives it in one call: each published version and its folder's name."""
+    published = {path.split("/", 1)[0] for path in files
+                 if path.count("/") == 1 and path.split("/", 1)[1] in VERSION_MARKERS}
+    return _pick_versions(base_path, [name for name in published if _is_version_name(name)])
+
+
+def _is_version_name(name: str) -> bool:
+    return name.isascii() and name.isdigit()
+
+
+def _pick_versions(base_path: str, names: Iterable[str]) -> dict[int, str]:
+    """Published version folders' names by version, ascending; of two names for one version the one that sorts
+    last, with a warning."""
     by_version: dict[int, list[str]] = {}
-    for name in names:
-        if name.isascii() and name.isdigit() and any(
-                tf.io.gfile.exists(f"{base}/{name}/{marker}") for marker in (*SAVED_MODEL_FILES, TFLITE_FILE)):
-            by_version.setdefault(int(name), []).append(name)
+    for name in sorted(names):
+        by_version.setdefault(int(name), []).append(name)
     for version, found in by_version.items():
         if len(found) > 1:
-            _warn_duplicates(base, version, found[-1], tuple(found[:-1]))
-    return {version: f"{base}/{found[-1]}" for version, found in sorted(by_version.items())}
+            _warn_duplicates(base_path.rstrip("/"), version, found[-1], tuple(found[:-1]))
+    return {version: found[-1] for version, found in sorted(by_version.items())}
 
 
 def _warn_duplicates(base: str, version: int, used: str, ignored: tuple[str, ...]) -> None:

@@ -143,6 +143,7 @@ class DataPlaneOptions:
     changes it: a reload hands the DataPlane a new one."""
     model_config: model_server_config_pb2.ModelServerConfig = field(default_factory=model_config_for)
     file_system_poll_wait_seconds: float = 1.0
+    model_cache_dir: str = ""  # where versions from object stores are downloaded; "": serving/core/source.py's default
     enable_batching: bool = True
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     enable_model_warmup: bool = True

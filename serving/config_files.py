@@ -18,6 +18,7 @@ from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
+from exported_models import storage
 from serving.config import (
     DEFAULT_METRICS_PATH,
     BatchingOptions,
@@ -41,8 +42,7 @@ _Message = TypeVar("_Message", bound=protobuf_message.Message)
 def _read_text_proto(path: str, message: _Message) -> _Message:
     """A text-format file into `message`; one that does not parse is a ValueError in TF Serving's words (protobuf's
     "Error parsing text-format <type>", which TF Serving's own tests look for, then its "Invalid protobuf file")."""
-    with open(path) as f:
-        text = f.read()
+    text = storage.read_text(path)
     try:
         return text_format.Parse(text, message)
     except text_format.ParseError as error:
@@ -82,12 +82,20 @@ def check_model_config(config: model_server_config_pb2.ModelServerConfig, model_
             raise ValueError(f"model_platform {model.model_platform!r} is not supported")
     if not model_root:
         return
-    real_root = os.path.realpath(model_root)
     for model in config.model_config_list.config:
-        real = os.path.realpath(model.base_path)
-        if os.path.commonpath([real_root, real]) != real_root:
+        if not _inside(model.base_path, model_root):
             raise ValueError(f"model {model.name!r}: base path {model.base_path!r} is outside --model_root "
                              f"{model_root!r}")
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether a base path lies inside --model_root: a local one with its symlinks followed, a URL (a root can be
+    one too: `s3://models/`) by its segments, none of them `..`."""
+    if storage.is_remote(path) or storage.is_remote(root):
+        parts, top = path.rstrip("/").split("/"), root.rstrip("/").split("/")
+        return ".." not in parts and parts[:len(top)] == top
+    real_root = os.path.realpath(storage.local_path(root))
+    return os.path.commonpath([real_root, os.path.realpath(storage.local_path(path))]) == real_root
 
 
 def check_version_labels(config: model_server_config_pb2.ModelServerConfig, available: Mapping[str, Collection[int]],
@@ -151,19 +159,18 @@ def read_token_file(path: str) -> tuple[Token, ...]:
     """One token per line, optionally followed by a space and a role; blank lines and `#` comments are skipped.
     Errors name the line, never the token."""
     tokens = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            token, _, role = text.partition(" ")
-            role = role.strip() or "predict"
-            if role not in ROLES:
-                raise ValueError(f"{path}:{number}: unknown role {role!r}; roles are {', '.join(ROLES)}")
-            if len(token) < MIN_TOKEN_CHARS or not TOKEN_PATTERN.fullmatch(token):
-                raise ValueError(f"{path}:{number}: a token needs at least {MIN_TOKEN_CHARS} characters from "
-                                 "A-Z a-z 0-9 - . _ ~ + / (optionally ending in =)")
-            tokens.append(Token(token_digest(token), role))
+    for number, line in enumerate(storage.read_text(path).splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        token, _, role = text.partition(" ")
+        role = role.strip() or "predict"
+        if role not in ROLES:
+            raise ValueError(f"{path}:{number}: unknown role {role!r}; roles are {', '.join(ROLES)}")
+        if len(token) < MIN_TOKEN_CHARS or not TOKEN_PATTERN.fullmatch(token):
+            raise ValueError(f"{path}:{number}: a token needs at least {MIN_TOKEN_CHARS} characters from "
+                             "A-Z a-z 0-9 - . _ ~ + / (optionally ending in =)")
+        tokens.append(Token(token_digest(token), role))
     if not tokens:
         raise ValueError(f"{path}: no tokens")
     return tuple(tokens)

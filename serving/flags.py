@@ -12,7 +12,7 @@ import re
 import sys
 from typing import Any
 
-from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
+from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, storage
 from serving.config import WORKER_CLASSES, ServerOptions, model_config_for, option_defaults
 from serving.config_files import (
     check_model_config,
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="re-read the config file; 0: never")
     flag("--file_system_poll_wait_seconds", type=float, default=d.file_system_poll_wait_seconds,
          help="poll model base paths for new versions; 0: once at startup")
+    flag("--model_cache_dir", default=d.model_cache_dir,
+         help="folder the versions of models in object stores (s3://, gs://, az://) are downloaded to, shared by "
+         "the workers; default: petal-model-cache-UID in the temporary folder (Petal)")
     flag("--enable_batching", default=d.enable_batching, help="on by default in Petal (off in TF Serving)", **boolean)
     flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
     flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
@@ -220,7 +223,7 @@ def single_model(name: str | None, base_path: str | None) -> tuple[str, str]:
 def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
     """What the files the flags name hold, by the option that holds it: each file read once, here."""
     values: dict[str, Any] = {}
-    if args.model_root and not os.path.isdir(args.model_root):
+    if args.model_root and not storage.is_remote(args.model_root) and not os.path.isdir(args.model_root):
         raise ValueError(f"--model_root {args.model_root!r} is not a folder")
     if args.model_config_file:
         values["model_config"] = read_model_config(args.model_config_file, args.model_root)

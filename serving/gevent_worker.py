@@ -23,6 +23,7 @@ deadlines above then apply to the decrypted stream.
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -201,6 +202,15 @@ class SettledConfig:
         return value
 
 
+class RealSelectorPolicy(asyncio.DefaultEventLoopPolicy):
+    """asyncio loops with the operating system's selector. The object stores' clients (exported_models/storage.py)
+    run an asyncio loop on a real thread of its own; with gevent's selector it would wait on that thread's hub, which
+    has nothing else to run, and die (`LoopExit: This operation would block forever`)."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.SelectorEventLoop(monkey.get_original("selectors", "DefaultSelector")())
+
+
 class PetalGeventWorker(GeventWorker):
     """Settings come from gunicorn's config; Petal's are set by serving/server.py as `petal_*` attributes
     (`petal_tls`: the TLSOptions and the paths of the certificate and key files, or None)."""
@@ -213,6 +223,7 @@ class PetalGeventWorker(GeventWorker):
 
     def patch(self) -> None:
         monkey.patch_all(thread=False, queue=False)
+        asyncio.set_event_loop_policy(RealSelectorPolicy())
         self.sockets: list[gsocket.socket] = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach())
                                               for s in self.sockets]
         threads.serve_on_gevent_loop(self.petal_os_threads, alone=lambda: self._open == 1)

@@ -27,6 +27,7 @@ The values live in `prometheus_client`, so that the numbers are right across gun
   deleted from another process's view (`prometheus_client` warns that `remove` is not implemented there), so
   `.remove()` sets the value to 0 and a gauge built with `zero_is_absent=True` (`loaded_versions`, which is only
   ever 1 when present) leaves its 0 series out of the exposition; in-process the child is also really removed.
+  `model_source_reachable` is `livemin`: 0 as soon as any live worker could not list a model's base path.
 - **Hot path.** Each wrapper caches the `prometheus_client` child per label-value tuple, so an update is one dict
   lookup plus the child's own update; `labels()` (validation, a lock) runs once per new label set.
 """
@@ -54,7 +55,7 @@ EXAMPLE_COUNT_BUCKETS = tuple(float(2 ** i) for i in range(15))
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How the gauges here combine the worker processes' values (a subset of prometheus_client.Gauge's modes).
-MultiprocessMode = Literal["livesum", "livemax", "max"]
+MultiprocessMode = Literal["livesum", "livemax", "livemin", "max"]
 
 _value_class_lock = threading.Lock()
 # The directory `prometheus_client.values.ValueClass` currently writes to (None: in-process values).
@@ -354,6 +355,11 @@ class Metrics:
         self.loaded_versions = Gauge(":petal:serving:loaded_versions", "1 for each AVAILABLE model version.",
                                      ("model_name", "version"), registry, multiprocess_mode="livemax",
                                      zero_is_absent=True)
+        self.source_reachable = Gauge(":petal:serving:model_source_reachable", "1 while a model's base path "
+                                      "can be listed, 0 while its store cannot be reached (the loaded versions keep "
+                                      "serving).", ("model_name",), registry, multiprocess_mode="livemin")
+        self.source_errors = Counter(":petal:serving:model_source_outages", "Times a model's base path could no "
+                                     "longer be listed.", ("model_name",), registry)
         self.warmup_requests = Counter(":petal:serving:warmup_requests", "Warmup records replayed.",
                                        ("model_name", "version"), registry)
         self.warmup_latency = Histogram(tfs + "model_warmup_latency", "Distribution of wall time (in "

@@ -29,6 +29,7 @@ from gunicorn import glogging
 from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 
+from exported_models import storage
 from serving import metrics, ports, worker_stderr
 from serving.config import ServerOptions, bind_address
 from serving.config_files import write_key_pair
@@ -202,8 +203,12 @@ def main(argv: list[str]) -> int:
                        "off the open internet (docs/security.md, 'Limits')", extra={"fields": {"flags": [
                            "--request_header_timeout", "--request_body_timeout", "--max_connections"]}})
     for model in options.dataplane.model_config.model_config_list.config:
-        local = model.base_path.removeprefix("file://")  # another URL (gs://, s3://) is TensorFlow's to look at
-        if "://" not in local and not os.path.isdir(local):
+        try:
+            storage.require(model.base_path)
+        except storage.StorageError as error:
+            print(f"petal serve: {error}", file=sys.stderr)
+            return 2
+        if not storage.is_remote(model.base_path) and not os.path.isdir(storage.local_path(model.base_path)):
             logger.warning("model base path does not exist yet; waiting for versions to appear",
                            extra={"fields": {"model": model.name, "model_base_path": model.base_path}})
     if protocols.grpc_socket_path:

@@ -203,7 +203,7 @@ class Worker:
         a limit: a new model with no version on disk stops its polling, and its reload RPCs, until one comes.)"""
         logged = ""  # the last problem logged: the same one seen at the next look is not logged again
         while not self._stopping.wait(seconds):
-            if not os.path.exists(path) and not last:
+            if not last and not os.path.exists(path):  # a sibling's reload file, which may never come
                 continue
             try:
                 config = read_model_config(path)

@@ -29,6 +29,7 @@ from serving.core.errors import Code, ServingError, invalid
 from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionState, VersionStatus
 from serving.core.servable import Servable, loader
+from serving.core.source import ModelSource
 from serving.core.startup import Startup
 from serving.metrics import Metrics, VersionStatistics
 
@@ -404,7 +405,8 @@ class DataPlane:
                                 options.file_system_poll_wait_seconds, on_unload=batcher.forget,
                                 drain_seconds=drain_seconds,
                                 allow_version_labels_for_unavailable_models=(
-                                    options.allow_version_labels_for_unavailable_models))
+                                    options.allow_version_labels_for_unavailable_models),
+                                source=ModelSource(options.model_cache_dir))
         dataplane = cls(repository=repository, batcher=batcher, memory=memory, metrics=metrics, options=options,
                         startup=startup or Startup(), budget_after_load=budget_after_load)
         repository.start()

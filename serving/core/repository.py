@@ -34,7 +34,7 @@ from serving.config_files import check_version_labels
 from serving.core import heap
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
-from serving.core.source import candidate_versions, files_signature
+from serving.core.source import ModelSource, Source
 from serving.metrics import Metrics
 from serving.threads import timeout_until
 
@@ -108,7 +108,8 @@ def not_available_message(failed: dict[str, VersionStatus]) -> str:
 class _Version(Generic[S]):
     status: VersionStatus
     servable: S | None = None
-    files: tuple = ()  # files_signature when its load began: a failed version is retried once this changes
+    location: str = ""  # where the source found it (a folder, a URL)
+    files: tuple = ()  # its source's fingerprint when its load began: a failed version is retried once this changes
     refs: int = 0  # requests in flight on it: an unload waits for them to finish
     changed: int = 0  # the repository's transition count when its status was last set
 
@@ -117,6 +118,7 @@ class _Version(Generic[S]):
 class _Model(Generic[S]):
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, _Version[S]] = field(default_factory=dict)
+    unreachable: str = ""  # why its base path could not be listed at the last poll; "" once it was
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,9 @@ class Repository(Generic[S]):
     def __init__(self, config: model_server_config_pb2.ModelServerConfig, load: Load[S], metrics: Metrics,
                  poll_seconds: float = 1.0, on_unload: Callable[[str, int], None] | None = None,
                  drain_seconds: float = 30.0, settle_heap: Callable[[], object] = heap.settle,
-                 allow_version_labels_for_unavailable_models: bool = False):
+                 allow_version_labels_for_unavailable_models: bool = False, source: Source | None = None):
         self._load_version = load
+        self._source: Source = source or ModelSource()
         self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
         self._metrics = metrics
         self._drain_seconds = drain_seconds
@@ -305,7 +308,14 @@ class Repository(Generic[S]):
             return
         with self._lock:
             failed = {v: entry.files for v, entry in model.versions.items() if entry.status.error_code != "OK"}
-        candidates = candidate_versions(config.base_path, failed)
+        try:
+            found = self._source.versions(config.base_path)
+        except OSError as error:  # the store is away: what is loaded keeps serving, nothing is unloaded
+            self._unreachable(name, model, str(error))
+            return
+        self._unreachable(name, model, "")
+        candidates = {v: location for v, location in found.items()
+                      if v not in failed or self._source.fingerprint(location) != failed[v]}
         aspired = aspired_versions(config.model_version_policy, list(candidates))
         for version in sorted(aspired, reverse=True):
             with self._lock:
@@ -322,9 +332,25 @@ class Repository(Generic[S]):
         for version in retiring:
             self._unload(name, model, version)
 
-    def _load(self, name: str, model: _Model[S], version: int, path: str) -> None:
+    def _unreachable(self, name: str, model: _Model[S], why: str) -> None:
+        """Note whether a model's base path could be listed: said once when it cannot be, once when it can again,
+        and shown by a metric in between."""
+        with self._lock:
+            was, model.unreachable = model.unreachable, why
+        self._metrics.source_reachable.set(0 if why else 1, model_name=name)
+        if bool(was) == bool(why):
+            return
+        if why:
+            self._metrics.source_errors.inc(model_name=name)
+            logger.warning("model versions cannot be listed; the loaded versions keep serving",
+                           extra={"fields": {"model": name, "error": why}})
+        else:
+            logger.warning("model versions listed again", extra={"fields": {"model": name}})
+
+    def _load(self, name: str, model: _Model[S], version: int, location: str) -> None:
         self._changed = True
-        entry: _Version[S] = _Version(VersionStatus(version, VersionState.LOADING), files=files_signature(path))
+        entry: _Version[S] = _Version(VersionStatus(version, VersionState.LOADING), location=location,
+                                      files=self._source.fingerprint(location))
         with self._lock:
             retry = model.versions.get(version)
             if retry is not None and retry.status.error_code != "OK":
@@ -334,13 +360,16 @@ class Repository(Generic[S]):
             self._transition(entry, entry.status)
         started = time.monotonic()
         try:
-            servable = self._load_version(name, version, path)
+            folder = self._source.fetch(location)
+        except OSError as error:  # the copy did not arrive whole: tried again at the next poll
+            entry.files = ()
+            self._failed(name, entry, "UNAVAILABLE", str(error), retry)
+            return
+        try:
+            servable = self._load_version(name, version, folder)
         except Exception as error:
-            code, message = load_failure(error)
-            logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
-                                                                     "code": code, "error": message}})
-            with self._lock:
-                self._transition(entry, VersionStatus(version, VersionState.END, code, message))
+            self._source.release(location)
+            self._failed(name, entry, *load_failure(error), retry)
             return
         elapsed = time.monotonic() - started
         self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)
@@ -348,10 +377,19 @@ class Repository(Generic[S]):
         with self._lock:
             entry.servable = servable
             self._transition(entry, VersionStatus(version, VersionState.AVAILABLE))
-        logger.info("version available", extra={"fields": {"model": name, "version": version, "path": path,
+        logger.info("version available", extra={"fields": {"model": name, "version": version, "path": location,
                                                          "format": servable.format,
                                                          "load_seconds": round(elapsed, 3),
                                                          "warmup": servable.warmup_records}})
+
+    def _failed(self, name: str, entry: _Version[S], code: str, message: str, before: _Version[S] | None) -> None:
+        """A version that did not load: END with why, logged unless it failed just so the last time."""
+        version = entry.status.version
+        if before is None or before.status.error_message != message:
+            logger.warning("version failed to load", extra={"fields": {"model": name, "version": version,
+                                                                     "code": code, "error": message}})
+        with self._lock:
+            self._transition(entry, VersionStatus(version, VersionState.END, code, message))
 
     def _unload(self, name: str, model: _Model[S], version: int) -> None:
         """Retire a version once its requests in flight finish, waiting at most --graceful_timeout for them."""
@@ -364,6 +402,7 @@ class Repository(Generic[S]):
                 self._lock.wait(left)
             entry.servable = None
             self._transition(entry, VersionStatus(version, VersionState.END))
+        self._source.release(entry.location)
         self._metrics.loaded_versions.remove(model_name=name, version=str(version))
         if self._on_unload is not None:
             self._on_unload(name, version)
@@ -413,6 +452,12 @@ class Repository(Generic[S]):
             raise not_found(f"Could not find any versions of model {name}")
         return model
 
+    @staticmethod
+    def _no_versions(name: str, model: _Model[S] | None) -> ServingError:
+        """TF Serving's NOT_FOUND for a model with no version, and why, when its base path cannot be listed."""
+        why = f": {model.unreachable}" if model is not None and model.unreachable else ""
+        return not_found(f"Could not find any versions of model {name}{why}")
+
     def resolve_version(self, name: str, version: int | None = None, label: str | None = None) -> int | None:
         """The version a request names (by number or label); None means the latest AVAILABLE."""
         if label is None:
@@ -443,7 +488,7 @@ class Repository(Generic[S]):
                     raise not_found(f"Could not find version {version} of model {name}")
                 return [entry.status]
             if not versions:
-                raise not_found(f"Could not find any versions of model {name}")
+                raise self._no_versions(name, model)
             return [versions[v].status for v in sorted(versions, reverse=True)]
 
     def serving(self, name: str, version: int | None = None, label: str | None = None) -> _Serving[S]:
