@@ -10,9 +10,10 @@
 #   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 -t petal:gpu .
 #   docker run --gpus all -p 8500:8500 -p 8501:8501 petal:gpu
 #
-# The image installs only what `petal serve` needs (no Beam, Locust or TensorBoard). PETAL_EXTRAS installs optional
-# dependency groups too: deploy/docker-compose.yml builds its Locust load generator from this same file with
-# PETAL_EXTRAS=loadtest.
+# The image installs what `petal serve` needs (no Beam, Locust or TensorBoard), with the object stores' clients
+# (PETAL_EXTRAS=cloud: s3fs, gcsfs, adlfs), so MODEL_BASE_PATH may be s3://, gs:// or az:// (docs/deploy.md).
+# PETAL_EXTRAS names the optional dependency groups: deploy/docker-compose.yml builds its Locust load generator from
+# this same file with PETAL_EXTRAS=loadtest.
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # Python from the base's own packages, under every stage below.
@@ -26,7 +27,7 @@ RUN apt-get update \
 # this one rather than copying the virtualenv's 2 GB out of it, which took 48 s of every rebuild with buildah here.
 # pip's cache stays out of the image; TensorFlow's 430 MB of C++ headers only serve custom-op builds: gone.
 FROM python AS dependencies
-ARG PETAL_EXTRAS=""
+ARG PETAL_EXTRAS="cloud"
 COPY pyproject.toml /tmp/petal/
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv /opt/petal \

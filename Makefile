@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# Triton's perf_analyzer binary (a second load generator) into $(VENV)/perf_analyzer: tests download nothing.
 	$(PY) -m load_tests.perf_analyzer
+	# Azurite, Azure Blob's emulator, for the object-store tests (tests/object_stores.py): 3.35 is the last for Node 20.
+	npm install --prefix $(VENV)/azurite azurite@3.35.0 --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -105,8 +105,9 @@ def describe(error: BaseException) -> str:
 
 def filesystem(path: str) -> Any:
     """The fsspec file system for a URL's scheme, configured from the environment; StorageError names the
-    `pip install` when the scheme's extra is missing."""
-    return _filesystem(scheme(path) or "file")
+    `pip install` when the scheme's extra is missing. One per process: a server's master reads a model config
+    file in a bucket before it forks its workers, and the async clients are not fork-safe."""
+    return _filesystem(scheme(path) or "file", os.getpid())
 
 
 def require(path: str) -> None:
@@ -121,7 +122,7 @@ def require(path: str) -> None:
 
 
 @functools.cache
-def _filesystem(name: str) -> Any:
+def _filesystem(name: str, pid: int) -> Any:
     import fsspec
 
     require(f"{name}://")
@@ -133,7 +134,12 @@ def _filesystem(name: str) -> Any:
     # Every listing is fresh (a poll must see a new version), and every instance our own.
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
     options.update(_s3_options() if module == "s3fs" else _gcs_options() if module == "gcsfs" else {})
-    return cls(**options)
+    fs = cls(**options)
+    if module == "s3fs":
+        fs.retries = 1  # s3fs's own retries, around botocore's: 5 of them by default, which only a setattr changes
+    elif module == "adlfs":
+        _bound_azure_retries(fs)
+    return fs
 
 
 def _s3_options() -> dict[str, Any]:
@@ -150,7 +156,7 @@ def _s3_options() -> dict[str, Any]:
     if os.environ.get("AWS_REGION"):
         client["region_name"] = os.environ["AWS_REGION"]
     config = {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,
-              "retries": {"max_attempts": RETRIES, "mode": "standard"}}
+              "retries": {"total_max_attempts": RETRIES + 1, "mode": "standard"}}
     return {"client_kwargs": client, "config_kwargs": config}
 
 
@@ -163,9 +169,19 @@ def _prepare_gcs() -> None:
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
+def _bound_azure_retries(fs: Any) -> None:
+    """Azure's storage SDK retries a failed call 10 times, 15 s and more apart, and adlfs passes no setting for it:
+    an unreachable store would take minutes to say so. Its client's retry policy is set as the other stores' are."""
+    clients = fs.service_client if isinstance(fs.service_client, list) else [fs.service_client]
+    for client in clients:
+        policy = client._config.retry_policy
+        policy.total_retries = policy.connect_retries = policy.read_retries = policy.status_retries = RETRIES
+        policy.initial_backoff, policy.increment_base = 0.5, 2
+
+
 def _gcs_options() -> dict[str, Any]:
     """Google's default credentials, except for an emulator, which takes none."""
-    options: dict[str, Any] = {"retries": RETRIES, "timeout": READ_TIMEOUT_S}
+    options: dict[str, Any] = {"requests_timeout": READ_TIMEOUT_S}
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         options["token"] = "anon"
     return options
@@ -183,8 +199,8 @@ def _call(what: str, path: str, function: Any, *args: Any, **kwargs: Any) -> Any
 
 
 def _key(path: str) -> str:
-    """A URL as its file system names it (fsspec's implementations strip the scheme themselves, not all alike)."""
-    return path.split("://", 1)[1] if is_remote(path) else local_path(path)
+    """A URL as its file system names it, and names what it lists under it (each implementation has its way)."""
+    return filesystem(path)._strip_protocol(path) if is_remote(path) else local_path(path)
 
 
 def list_files(path: str) -> dict[str, Entry]:
@@ -206,7 +222,8 @@ def list_files(path: str) -> dict[str, Entry]:
 
 
 def _tag(info: dict[str, Any]) -> str:
-    for key in ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "updated", "mtime"):
+    for key in ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "updated", "mtime",
+                "created"):
         if info.get(key):
             return str(info[key])
     return ""
@@ -260,9 +277,8 @@ def glob(pattern: str) -> list[str]:
     if not is_remote(pattern):
         return sorted(p for p in local_glob.glob(local_path(pattern)) if os.path.isfile(p))
     fs = filesystem(pattern)
-    head = pattern.split("://", 1)[0]
     found = _call("list", pattern, fs.glob, _key(pattern), detail=True)
-    return sorted(f"{head}://{name}" for name, info in found.items() if info.get("type") != "directory")
+    return sorted(fs.unstrip_protocol(name) for name, info in found.items() if info.get("type") != "directory")
 
 
 def makedirs(path: str) -> None:

@@ -28,6 +28,7 @@ import errno
 import json
 import logging
 import math
+import sys
 import time
 from typing import Any
 
@@ -202,6 +203,9 @@ class SettledConfig:
         return value
 
 
+OBJECT_STORE_CLIENTS = ("s3fs", "gcsfs", "adlfs")
+
+
 class RealSelectorPolicy(asyncio.DefaultEventLoopPolicy):
     """asyncio loops with the operating system's selector. The object stores' clients (exported_models/storage.py)
     run an asyncio loop on a real thread of its own; with gevent's selector it would wait on that thread's hub, which
@@ -222,7 +226,12 @@ class PetalGeventWorker(GeventWorker):
     petal_tls: tuple[TLSOptions, str, str] | None = None
 
     def patch(self) -> None:
-        monkey.patch_all(thread=False, queue=False)
+        # The master imported an object store's client to read a file in a bucket (--model_config_file=s3://…):
+        # its asyncio loop runs on a real thread (RealSelectorPolicy) and needs the real ssl, which gevent's patch,
+        # coming after the import, breaks (RecursionError in SSLContext). The REST port's TLS is gevent's own
+        # (`tls_context`), patched or not.
+        keep_ssl = any(client in sys.modules for client in OBJECT_STORE_CLIENTS)
+        monkey.patch_all(thread=False, queue=False, ssl=not keep_ssl)
         asyncio.set_event_loop_policy(RealSelectorPolicy())
         self.sockets: list[gsocket.socket] = [gsocket.socket(s.FAMILY, gsocket.SOCK_STREAM, fileno=s.sock.detach())
                                               for s in self.sockets]

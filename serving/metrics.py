@@ -393,7 +393,8 @@ class Metrics:
         self._all: list[_Metric] = [
             self.request_count, self.request_latency, self.runtime_latency, self.queuing_latency,
             self.processed_batch_size, self.padding_size, self.queue_depth, self.rejected, self.memory_held,
-            self.memory_budget, self.load_latency, self.loaded_versions, self.warmup_requests, self.warmup_latency,
+            self.memory_budget, self.load_latency, self.loaded_versions, self.source_reachable, self.source_errors,
+            self.warmup_requests, self.warmup_latency,
             self.warmup_records_read, self.example_counts, self.example_count_total, self.version_requests,
             self.version_queue, self.version_compute, self.version_executions, self.version_inferences,
             self.version_last_inference]

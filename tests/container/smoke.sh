@@ -199,6 +199,9 @@ main() {
     local probe=("${healthcheck[@]//:8501\//:$rest/}")
     buildah run --isolation chroot "$CONTAINER" -- "${probe[@]}" || { log "HEALTHCHECK command failed"; exit 1; }
     log "HEALTHCHECK command passes inside the container"
+    buildah run --isolation chroot "$CONTAINER" -- python3 -c "import s3fs, gcsfs, adlfs" \
+        || { log "the object stores' clients (PETAL_EXTRAS=cloud) are missing from the image"; exit 1; }
+    log "s3fs, gcsfs and adlfs import inside the container: MODEL_BASE_PATH may be s3://, gs:// or az://"
 
     kill -TERM "$SERVER"
     local status=0 deadline=$((SECONDS + GRACEFUL_TIMEOUT + 20))
