@@ -210,7 +210,16 @@ def list_files(path: str) -> dict[str, Entry]:
         return _list_local(local_path(path))
     fs = filesystem(path)
     prefix = _key(path).rstrip("/")
-    found = _call("list", path, fs.find, prefix, detail=True)
+    try:
+        found = fs.find(prefix, detail=True)
+    except FileNotFoundError:  # some stores' word for a missing bucket, others list nothing: both are told below
+        found = {}
+    except Exception as error:
+        raise StorageError(f"could not list {path}: {describe(error)}") from None
+    bucket = prefix.lstrip("/").split("/", 1)[0]
+    if not found and not _call("list", path, fs.exists, bucket):
+        raise StorageError(f"could not list {path}: there is no bucket {bucket!r} (or these credentials cannot "
+                           "see it)")
     files = {}
     for name, info in found.items():
         if info.get("type") == "directory":

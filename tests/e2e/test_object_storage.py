@@ -183,32 +183,56 @@ def first_screen(*flags: str, env: dict[str, str], until: str) -> str:
         return server.log()
 
 
-def test_a_missing_bucket_is_one_line_naming_the_url_and_the_server_keeps_trying(s3_store, tmp_path):
-    url = s3_store.url("no-such-bucket", "models/flowers")
-    text = first_screen("--model_name=flowers", f"--model_base_path={url}", f"--model_cache_dir={tmp_path}",
-                        env=s3_store.env, until="not ready:")
-    line = next(line for line in text.splitlines() if line.startswith("not ready:"))
+@pytest.mark.parametrize("fixture", ["s3_store", "gcs_store", "azure_store"])
+def test_a_missing_bucket_is_one_line_naming_the_url_and_the_server_keeps_trying(fixture, request, tmp_path):
+    store = request.getfixturevalue(fixture)
+    url = store.url("no-such-bucket", "models/flowers")
+    line = not_ready_line(url, store.env, tmp_path)
+    assert line == (f"not ready: flowers: Could not find any versions of model flowers: could not list {url}: there "
+                    "is no bucket 'no-such-bucket' (or these credentials cannot see it)")
+
+
+def not_ready_line(url: str, env: dict[str, str], cache, never: str = "") -> str:
+    """The line `petal serve` prints for a model it cannot serve; nothing it prints is a traceback or `never`."""
+    text = first_screen("--model_name=flowers", f"--model_base_path={url}", f"--model_cache_dir={cache}", env=env,
+                        until="not ready:")
+    assert "Traceback" not in text and (not never or never not in text)
+    return next(line for line in text.splitlines() if line.startswith("not ready:"))
+
+
+@pytest.mark.parametrize("fixture", ["s3_store", "azure_store"])
+def test_wrong_credentials_are_one_line_and_never_show_the_secret(fixture, request, tmp_path):
+    store = request.getfixturevalue(fixture)
+    store.create_bucket("secret")
+    url = store.url("secret", "flowers")
+    upload_version(store, url, 1)
+    wrong_secret = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXk="
+    if isinstance(store, MotoS3):
+        store.require_credentials()  # moto checks signatures from now until its next start
+        env = {**store.env, "AWS_SECRET_ACCESS_KEY": wrong_secret}
+        cause = "permission denied: The request signature we calculated does not match the signature you provided."
+    else:
+        env = {"AZURE_STORAGE_CONNECTION_STRING": re.sub("AccountKey=[^;]+", f"AccountKey={wrong_secret}",
+                                                         store.connection_string)}
+        cause = "Server failed to authenticate the request."
+    try:
+        line = not_ready_line(url, env, tmp_path, never=wrong_secret)
+    finally:
+        if isinstance(store, MotoS3):
+            store.stop()
+            store.start()
     assert line.startswith(f"not ready: flowers: Could not find any versions of model flowers: could not list {url}: ")
-    assert "Traceback" not in text
+    assert cause in line
 
 
-def test_wrong_credentials_are_one_line_and_never_show_the_key(azure_store, tmp_path):
-    azure_store.create_bucket("secret")
-    url = azure_store.url("secret", "flowers")
-    upload_version(azure_store, url, 1)
-    wrong_key = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXk="
-    wrong = re.sub(r"AccountKey=[^;]+", f"AccountKey={wrong_key}", azure_store.connection_string)
-    text = first_screen("--model_name=flowers", f"--model_base_path={url}", f"--model_cache_dir={tmp_path}",
-                        env={"AZURE_STORAGE_CONNECTION_STRING": wrong}, until="not ready:")
-    line = next(line for line in text.splitlines() if line.startswith("not ready:"))
-    assert f"could not list {url}: " in line
-    assert wrong_key not in text and "Traceback" not in text
-
-
-def test_a_scheme_whose_extra_is_missing_is_one_line_naming_the_pip_install():
-    code = ("import sys; sys.modules['s3fs'] = None; import petal; "
-            "sys.exit(petal.main(['serve', '--model_base_path=s3://bucket/models/flowers']))")
+@pytest.mark.parametrize(("url", "client", "extra"), [
+    ("s3://bucket/models/flowers", "s3fs", "s3"), ("gs://bucket/models/flowers", "gcsfs", "gcs"),
+    ("az://container/models/flowers", "adlfs", "azure")])
+def test_a_scheme_whose_extra_is_missing_is_one_line_naming_the_pip_install(url, client, extra):
+    code = (f"import sys; sys.modules[{client!r}] = None; import petal; "
+            f"sys.exit(petal.main(['serve', '--model_base_path={url}']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "petal serve: s3:// needs s3fs, which a plain install leaves out: pip install 'petal[s3]'")
+        f"petal serve: {url.split(':')[0]}:// needs {client}, which a plain install leaves out: "
+        f"pip install 'petal[{extra}]'")
