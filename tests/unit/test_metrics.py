@@ -132,7 +132,7 @@ def test_instances_are_isolated_in_process():
     assert second.rejected.value(model_name="a", reason="queue_full") == 0
     assert ':petal:serving:rejected_requests{' not in second.render()
     # Every family is declared, even with no samples yet.
-    assert Metrics().render().count("# TYPE ") == 23
+    assert Metrics().render().count("# TYPE ") == 25
 
 
 def test_version_statistics_add_up_each_versions_requests_and_executions():
