@@ -138,7 +138,8 @@ class Starter(futures.ThreadPoolExecutor):
     the method's own `experimental_thread_pool` when it has one, handing that pool its call event. This pool runs
     nothing itself. A call leased as it arrived (`receive_first`) has its message asked for at once, on grpcio's
     polling thread, and goes to the server's pool only once the message is in: grpcio's own way has a pool thread
-    ask for it and sleep until the polling thread hands it over, two more thread switches a call. Any other call
+    ask for it and sleep until the polling thread hands it over (3 to 7 more thread switches a call, measured in
+    docs/performance.md, 'gRPC's message received before a thread takes the call'). Any other call
     (one that waits for a receive slot) goes to the server's pool at once, and asks for its message there. Either
     way the call and the time are noted as its message is asked for, the lease taken as the call arrived is
     watched from then, and once the call is served a lease still held (its message never came) is given back.
@@ -202,6 +203,8 @@ class Starter(futures.ThreadPoolExecutor):
 
 
 def _settle(served: futures.Future[Any], ran: futures.Future[Any]) -> None:
+    """End the future grpcio was given for a call once its pool thread is done: grpcio counts the call against
+    --grpc_max_threads' bound (server.max_calls) until then."""
     error = ran.exception()
     if error is None:
         served.set_result(ran.result())
