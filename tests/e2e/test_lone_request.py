@@ -86,6 +86,9 @@ def test_a_lone_grpc_predict_runs_the_graph_on_its_own_thread():
         after, handlers_after = thread_sleeps(worker, "tf_"), thread_sleeps(worker, "petal-grpc")
     # Run on TensorFlow's pool, each Predict woke its threads several times.
     assert before and sum(after.values()) - sum(before.values()) < REQUESTS // 2, (before, after)
-    # gRPC's handler threads carry their name too, and they are the ones each call woke.
-    assert handlers_before and sum(handlers_after.values()) - sum(handlers_before.values()) >= REQUESTS, \
+    # gRPC's handler threads carry their name too, and they are the ones the calls woke: about once a call, since a
+    # call reaches a thread with its message in (37 of 40 calls slept one, where a thread that was still awake took
+    # the next call; twice a call before, when the thread also slept until its message came: serving/protocols/
+    # grpc_api/gate.py's Starter).
+    assert handlers_before and sum(handlers_after.values()) - sum(handlers_before.values()) >= REQUESTS // 2, \
         (handlers_before, handlers_after)

@@ -136,28 +136,55 @@ class Watchdog:
 class Starter(futures.ThreadPoolExecutor):
     """How the gate learns the call behind its handler, to end it when its message is late: grpcio runs a method on
     the method's own `experimental_thread_pool` when it has one, handing that pool its call event. This pool runs
-    nothing itself: it passes the call on to the server's pool and, on the thread that serves it, as grpcio is
-    about to ask for the message, notes the call and the time and has the watchdog watch the lease taken as the
-    call arrived. Once the call is served, a lease of it still held (its message never came) is given back.
-    Without the call (a grpcio that no longer hands it over) a late call's lease still goes back, and a call
+    nothing itself. A call leased as it arrived (`receive_first`) has its message asked for at once, on grpcio's
+    polling thread, and goes to the server's pool only once the message is in: grpcio's own way has a pool thread
+    ask for it and sleep until the polling thread hands it over (3 to 7 more thread switches a call, measured in
+    docs/performance.md, 'gRPC's message received before a thread takes the call'). Any other call
+    (one that waits for a receive slot) goes to the server's pool at once, and asks for its message there. Either
+    way the call and the time are noted as its message is asked for, the lease taken as the call arrived is
+    watched from then, and once the call is served a lease still held (its message never came) is given back.
+    Without the call (a grpcio that no longer hands it over, or whose polling internals `_receiving` does not
+    know) a late call's lease still goes back, its message is asked for on the pool thread as before, and a call
     waiting for a slot is cancelled through its context."""
 
-    def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None) -> None:  # a pool without threads
-        self.gate, self.leased, self.logged = gate, leased, logged
+    def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None,
+                 receive_first: bool = False) -> None:  # a pool without threads
+        self.gate, self.leased, self.logged, self.receive_first = gate, leased, logged, receive_first
         self.call: Any = None  # grpcio's call (cygrpc.Call), whose cancel() can end it with a status
         self.context: grpc.ServicerContext | None = None  # a waiting call's, once it runs
         self.started = time.monotonic()
         self.late = False
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
-        assert self.gate.pool is not None
-        return self.gate.pool.submit(self.run, fn, args, kwargs)
+        pool = self.gate.pool
+        assert pool is not None
+        if not self.receive_first or _RECEIVE is None or len(args) != 7:
+            return pool.submit(self.run, fn, args, kwargs, True)
+        self.begin(args)
+        served: futures.Future[Any] = futures.Future()
+        served.set_running_or_notify_cancel()
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def run(request: Callable[[], Any]) -> None:
+            """On the polling thread, as the message is in: the call goes to a pool thread with it."""
+            try:
+                done = pool.submit(self.run, fn, (*args[:4], request, *args[5:]), kwargs, False)
+            except RuntimeError as error:  # the server is stopping: its pool takes nothing more
+                served.set_exception(error)
+                return
+            done.add_done_callback(lambda ran: _settle(served, ran))
+        _receiving(args[1], args[2], args[5], run)
+        return served
+
+    def begin(self, args: tuple[Any, ...]) -> None:
+        """Note the call and the time as its message is asked for, and watch the lease taken as it arrived."""
         self.started = time.monotonic()
         self.call = next((event.call for event in args if hasattr(getattr(event, "call", None), "cancel")), None)
-        for lease in self.leased:  # the lease taken as the call arrived: grpcio asks for the message now
+        for lease in self.leased:
             self.gate.watchdog.watch(lease, self.started + self.gate.receive_wait, self.end)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], begin: bool) -> Any:
+        if begin:
+            self.begin(args)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -173,6 +200,63 @@ class Starter(futures.ThreadPoolExecutor):
             self.call.cancel(LATE.value[0], self.gate.late_details)
         elif self.context is not None:
             self.context.cancel()
+
+
+def _settle(served: futures.Future[Any], ran: futures.Future[Any]) -> None:
+    """End the future grpcio was given for a call once its pool thread is done: grpcio counts the call against
+    --grpc_max_threads' bound (server.max_calls) until then."""
+    error = ran.exception()
+    if error is None:
+        served.set_result(ran.result())
+    else:
+        served.set_exception(error)
+
+
+def _grpcio_receiving() -> Any:
+    """grpcio's sync server's own pieces for receiving a unary call's message (grpc/_server.py, private), or None
+    where they are not what `_receiving` expects."""
+    try:
+        from grpc import _server
+        from grpc._cython import cygrpc
+
+        return (_server._receive_message, _server._abort, _server._RECEIVE_MESSAGE_TOKEN,
+                cygrpc.ReceiveMessageOperation, cygrpc.StatusCode.unimplemented, _server._CLOSED, _server._CANCELLED)
+    except (ImportError, AttributeError):
+        return None
+
+
+_RECEIVE = _grpcio_receiving()
+
+
+def _receiving(event: Any, state: Any, deserializer: Callable[[bytes], Any], then: Callable[[Callable[[], Any]], None]
+               ) -> None:
+    """Ask for a unary call's message as grpcio's pool thread would (grpc/_server.py's `_unary_request`), but from the
+    polling thread that holds the call, and call `then` there once it is in, with what grpcio's thread would have
+    returned: the request, or None for a call cancelled or closed without one (answered as grpcio answers it)."""
+    assert _RECEIVE is not None
+    receive_message, abort, token, operation, unimplemented, closed, cancelled = _RECEIVE
+    call = event.call
+    received = receive_message(state, call, deserializer)
+
+    def request() -> Any:
+        with state.condition:
+            message, state.request = state.request, None
+            if message is None and state.client is closed and not state.statused:
+                abort(state, call, unimplemented,
+                      f'"{event.call_details.method}" requires exactly one request message.'.encode())
+            return message
+
+    def arrived(completion: Any) -> Any:
+        finished = received(completion)
+        then(request)
+        return finished
+
+    with state.condition:
+        if state.client is cancelled or state.statused:
+            then(lambda: None)
+            return
+        call.start_server_batch((operation(0),), arrived)
+        state.due.add(token)
 
 
 class Method:
@@ -191,21 +275,21 @@ class Gate(grpc.ServerInterceptor):
     (UNAUTHENTICATED) or the role it needs (PERMISSION_DENIED) is answered before anything of its message is
     received or charged. Every unary call's message is charged to the worker's memory budget as grpcio hands it
     over, before it is parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the
-    budget is full the call is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable
-    overload, not a client's quota) without a parsed copy ever being made. grpcio receives a unary call's message
-    as soon as a thread takes the call, so at most `receivers` messages are received at a time, each under a
-    `Lease`: a receive slot and a reservation of `reserve` bytes (the largest message) of the budget, so a call the
-    budget has no room for is refused before its message is read. A call that finds a slot and room as it arrives
-    is served as the unary call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path); one that
-    does not is served as a stream-unary call, which receives its message only when asked: it waits for a slot and
-    is answered UNAVAILABLE if none frees in time, while the others' streams are held to HTTP/2's initial window
-    (BDP probing off, see server.py). Either way a call's message must be complete within `receive_wait` seconds
-    (--request_body_timeout, as a REST body's) of a thread taking the call, waiting for a slot included: past that
-    the `Watchdog` gives its lease back, so the slot passes at once to a call waiting for one, and ends the call
-    DEADLINE_EXCEEDED (learning the call through `Starter`, given the server's `pool`). A client that sends slowly
-    or stalls thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and ServerReady)
-    pass untouched: tiny, open to all, and never to be refused by a busy budget. With --access_log, every call
-    leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
+    budget is full the call is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable overload,
+    not a client's quota) without a parsed copy ever being made. A unary call's message is received as soon as the
+    call arrives (`Starter`, on grpcio's polling thread), so at most `receivers` messages are received at a time,
+    each under a `Lease`: a receive slot and a reservation of `reserve` bytes (the largest message) of the budget,
+    so a call the budget has no room for is refused before its message is read. A call that finds a slot and room as
+    it arrives is served as the unary call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path);
+    one that does not is served as a stream-unary call, which receives its message only when asked: it waits for a
+    slot and is answered UNAVAILABLE if none frees in time, while the others' streams are held to HTTP/2's initial
+    window (BDP probing off, see server.py). Either way a call's message must be complete within `receive_wait`
+    seconds (--request_body_timeout, as a REST body's) of its being asked for, waiting for a slot included: past
+    that the `Watchdog` gives its lease back, so the slot passes at once to a call waiting for one, and ends the
+    call DEADLINE_EXCEEDED (learning the call through `Starter`, given the server's `pool`). A client that sends
+    slowly or stalls thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and
+    ServerReady) pass untouched: tiny, open to all, and never to be refused by a busy budget. With --access_log,
+    every call leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
     (ModelStreamInfer), which answers UNIMPLEMENTED, has its token checked alone."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
@@ -284,13 +368,14 @@ class Gate(grpc.ServerInterceptor):
             refused = Received(0, error=refusal)
             return grpc.stream_unary_rpc_method_handler(lambda _messages, context: call(refused, context),
                                                         response_serializer=handler.response_serializer)
-        starter = Starter(self, leased, logged) if self.pool is not None else None
         lease = self.lease_now()
         if lease is not None:
             leased.append(lease)
-            return grpc.unary_unary_rpc_method_handler(call if starter is None else Method(call, starter),
+            first = Starter(self, leased, logged, receive_first=True) if self.pool is not None else None
+            return grpc.unary_unary_rpc_method_handler(call if first is None else Method(call, first),
                                                        request_deserializer=deserialize,
                                                        response_serializer=handler.response_serializer)
+        starter = Starter(self, leased, logged) if self.pool is not None else None
 
         def queued(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
             try:

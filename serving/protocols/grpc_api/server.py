@@ -89,9 +89,10 @@ def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
 
 def max_calls(protocols: ProtocolOptions) -> int:
     """The calls a worker takes at once, running or queued for a thread; past it grpc answers RESOURCE_EXHAUSTED at
-    once. A call holds its thread until its message is complete, --request_body_timeout at most, so with no more
-    queued than there are threads a call waits at most that long however many stall ahead of it. Unbounded, a few
-    connections of message-less calls kept the queue ahead of every other call longer than its deadline."""
+    once. A call that waits for a receive slot holds its thread until its message is complete (one with a slot takes
+    a thread only once its message is in), --request_body_timeout at most, so with no more queued than there are
+    threads a call waits at most that long however many stall ahead of it. Unbounded, a few connections of
+    message-less calls kept the queue ahead of every other call longer than its deadline."""
     return 2 * protocols.grpc_max_threads
 
 
