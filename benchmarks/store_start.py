@@ -23,7 +23,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the emulators the tests start, started the same way here
 
 from object_stores import Azurite, FakeGcs, MotoS3  # noqa: E402
-
 from serving.launcher import running  # noqa: E402
 
 READY = re.compile(r"^ready: .* in ([0-9.]+) s$", re.MULTILINE)

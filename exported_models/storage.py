@@ -24,7 +24,6 @@ import importlib.util
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -46,6 +45,10 @@ _SECRET_PATTERNS = re.compile(r"((?:sig|AccountKey|SharedAccessSignature|X-Amz-S
 
 class StorageError(OSError):
     """A store that could not be read or written, in one line that names the URL and never a credential."""
+
+
+class StorageNotFound(StorageError, FileNotFoundError):
+    """A file or bucket the store says is not there: callers that tell a missing file from an outage still can."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,8 @@ def _call(what: str, path: str, function: Any, *args: Any, **kwargs: Any) -> Any
     except StorageError:
         raise
     except Exception as error:  # every SDK has its own errors: each is one line here
-        raise StorageError(f"could not {what} {path}: {describe(error)}") from None
+        kind = StorageNotFound if isinstance(error, FileNotFoundError) else StorageError
+        raise kind(f"could not {what} {path}: {describe(error)}") from None
 
 
 def _key(path: str) -> str:
@@ -251,16 +255,8 @@ def _list_local(folder: str) -> dict[str, Entry]:
     return files
 
 
-def exists(path: str) -> bool:
-    if not is_remote(path):
-        return os.path.exists(local_path(path))
-    return bool(_call("look at", path, filesystem(path).exists, _key(path)))
 
 
-def isdir(path: str) -> bool:
-    if not is_remote(path):
-        return os.path.isdir(local_path(path))
-    return bool(_call("look at", path, filesystem(path).isdir, _key(path)))
 
 
 def read_bytes(path: str) -> bytes:
@@ -333,8 +329,3 @@ def upload_tree(folder: str, path: str) -> None:
         key = "/".join([base, *relative.split(os.sep)])
         _call("upload", f"{path.rstrip('/')}/{relative}", fs.put_file, source, key)
 
-
-def walk_files(path: str) -> Iterator[str]:
-    """Every file under a folder or prefix, as full paths or URLs."""
-    for relative in sorted(list_files(path)):
-        yield join(path, relative)

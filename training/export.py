@@ -2,7 +2,9 @@
 
 The decode runs inside the graph with the same `preprocess_eval` that evaluation used, so a served prediction can
 never disagree with the accuracy measured in training. The version directory appears in one rename, so a server
-polling the base path never loads half a model.
+polling the base path never loads half a model; on an object store (`s3://`, `gs://`, `az://`), where there is no
+rename, the version is exported to a local folder and uploaded with its saved_model.pb last, the file whose
+arrival makes a server take the folder for a version.
 """
 from __future__ import annotations
 
@@ -17,14 +19,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from exported_models import model_format
-from exported_models.model_format import DEFAULT_MODEL_NAME, DEFAULT_SIGNATURE, LABELS_FILE, WarmupRequest
+from exported_models import model_format, storage
+from exported_models.model_format import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_SIGNATURE,
+    LABELS_FILE,
+    SAVED_MODEL_FILE,
+    WarmupRequest,
+)
 from training.models import ModelConfig
 from training.preprocessing import preprocess_eval
 
 log = logging.getLogger(__name__)
 
 MAX_WARMUP_IMAGES = 5
+IMMUTABLE = "{} already exists; versions are immutable, pick another --version"
 
 
 class _Servable(tf.Module):
@@ -92,7 +101,7 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
     version = model_format.next_version(export_base) if version is None else int(version)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):
-        raise FileExistsError(f"{final} already exists; versions are immutable, pick another --version")
+        raise FileExistsError(IMMUTABLE.format(final))
     os.makedirs(export_base, exist_ok=True)
     warmup_images = warmup_images or synthetic_jpegs()
     staging = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=export_base)
@@ -113,6 +122,30 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("exported", extra={"fields": {"path": final, "labels": len(labels), "image_size": image_size}})
+    return final
+
+
+def export_to_store(model: keras.Model, export_base: str, labels: list[str], image_size: int,
+                    version: int | None = None, warmup_images: list[bytes] | None = None) -> str:
+    """`export_saved_model` to a base path on an object store: the version (by default one more than the highest
+    integer folder the store lists there) is exported to a local folder, then uploaded with its saved_model.pb
+    last, so that a server polling the store never takes a version whose variables are still on their way
+    (model_format.versions_in_listing). Returns the version's URL."""
+    taken = {int(name) for name in {path.split("/", 1)[0] for path in storage.list_files(export_base) if "/" in path}
+             if name.isascii() and name.isdigit()}
+    version = max(taken, default=0) + 1 if version is None else int(version)
+    final = storage.join(export_base, str(version))
+    if version in taken:
+        raise FileExistsError(IMMUTABLE.format(final))
+    with tempfile.TemporaryDirectory(prefix="petal-export-") as staging:
+        folder = export_saved_model(model, os.path.join(staging, os.path.basename(export_base.rstrip("/"))), labels,
+                                    image_size, version, warmup_images)
+        last = os.path.join(staging, "last")
+        os.makedirs(last)
+        os.rename(os.path.join(folder, SAVED_MODEL_FILE), os.path.join(last, SAVED_MODEL_FILE))
+        storage.upload_tree(folder, final)
+        storage.upload_tree(last, final)
+    log.info("uploaded", extra={"fields": {"path": final}})
     return final
 
 
@@ -154,7 +187,8 @@ def warmup_image(path: str) -> bytes:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="petal export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint_dir", required=True, help="the --output_dir of `petal train`")
-    parser.add_argument("--export_dir", required=True, help="writes <export_dir>/<model_name>/<version>/")
+    parser.add_argument("--export_dir", required=True,
+                        help="writes <export_dir>/<model_name>/<version>/: a local path or a URL (s3://, gs://, az://)")
     parser.add_argument("--model_name", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--version", type=int, default=None, help="default: one more than the highest existing")
     parser.add_argument("--warmup_images", default=None,
@@ -163,6 +197,7 @@ def main(argv: list[str]) -> int:
     if args.version is not None and args.version <= 0:
         parser.error(f"--version must be a positive integer (TF Serving's <model_name>/<version>/), got {args.version}")
     try:
+        storage.require(args.export_dir)  # a store whose package is missing is said before the model is restored
         warmup = None
         if args.warmup_images:
             files = sorted(tf.io.gfile.glob(args.warmup_images))[:MAX_WARMUP_IMAGES]
@@ -170,8 +205,9 @@ def main(argv: list[str]) -> int:
                 raise FileNotFoundError(f"no files match --warmup_images {args.warmup_images!r}")
             warmup = [warmup_image(f) for f in files]
         model, config = restore_for_export(args.checkpoint_dir)
-        path = export_saved_model(model, os.path.join(args.export_dir, args.model_name), list(config.labels),
-                                  config.image_size, version=args.version, warmup_images=warmup)
+        export = export_to_store if storage.is_remote(args.export_dir) else export_saved_model
+        path = export(model, storage.join(args.export_dir, args.model_name), list(config.labels), config.image_size,
+                      version=args.version, warmup_images=warmup)
     except (OSError, ValueError) as e:  # a missing checkpoint, a version that exists, a path under a file
         print(f"petal export: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from exported_models import storage
 from serving.batch_prediction import preflight, steps
 from serving.config import DataPlaneOptions
 
@@ -35,8 +36,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=sorted(ENGINES), default="beam",
                         help="Apache Beam (the default: DirectRunner, Dataflow, ...) or Apache Spark")
     parser.add_argument("--model_dir", required=True,
-                        help="a SavedModel version directory, or a base path (its latest version is used)")
-    parser.add_argument("--input", required=True, help="file pattern of the inputs (local path or gs://...)")
+                        help="a SavedModel version directory, or a base path (its latest version is used); a local "
+                             "path or a URL (s3://, gs://, az://)")
+    parser.add_argument("--input", required=True,
+                        help="file pattern of the inputs: a local path or a URL (s3://, gs://, az://)")
     parser.add_argument("--input_format", choices=steps.FORMATS,
                         help="inferred from the pattern's extension when omitted: .tfrecord(s)/.tfr, "
                              ".jsonl/.json, .txt/.lst/.list (file list), anything else image files")
@@ -47,7 +50,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
                         help="predict, classify or regress; by default the signature's method name, else its "
                              "structure as TF Serving reads it (one DT_STRING 'inputs' to classes/scores or "
                              "outputs: tf.Examples), else predict")
-    parser.add_argument("--output_dir", required=True, help="where prediction.* shards are written")
+    parser.add_argument("--output_dir", required=True,
+                        help="where prediction.* shards are written: a local path or a URL (s3://, gs://, az://)")
     parser.add_argument("--batch_size", type=int, default=64,
                         help="rows per model call, fixed; a multiple of the replica count")
     parser.add_argument("--top_k", type=int, default=0, help="also write the k best labels with their scores")
@@ -74,13 +78,17 @@ def check_job_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def run_and_report(run: Callable[[], dict[str, Any]], output_dir: str) -> int:
     """Exit 2, with one line, for a job that cannot start (bad paths, an unreadable model, a used or unwritable
-    output directory), 1 for one that lost rows, 130 (as a shell reports SIGINT) for one stopped by Ctrl-C, whose
-    traceback through the engine's threads was a screenful that said less than one line: what the Ctrl-C left."""
+    output directory), 1 for one that lost rows or whose store failed it once started, 130 (as a shell reports
+    SIGINT) for one stopped by Ctrl-C, whose traceback through the engine's threads was a screenful that said less
+    than one line: what the Ctrl-C left."""
     try:
         job_summary = run()
     except (preflight.CannotStart, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"petal batch: error: {e}", file=sys.stderr)
         return 2
+    except storage.StorageError as e:
+        print(f"petal batch: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"petal batch: interrupted: --output_dir {output_dir} holds an unfinished run; rerun with --overwrite",
               file=sys.stderr)

@@ -4,7 +4,9 @@ Online serving answers single images; bulk scoring is a batch job, and on a TPU 
 The pipeline reads and keys every input, decodes it on the host with the shared preprocessing, runs the
 model on static padded batches (serving/batch_prediction/steps.py, through model_handler.py) and writes sharded JSON
 Lines. Nothing is dropped: a bad record becomes an error line with its reason, and the job checks that rows in =
-results + errors.
+results + errors. Every file, the model's, the inputs and the outputs, is read and written through Petal's storage
+layer (exported_models/storage.py), not Beam's file systems, so a job reads and writes the stores the server and
+the Spark job do, configured alike.
 
 Beam pipeline options (--runner, --project, --region, --temp_location, --direct_num_workers,
 --direct_running_mode, ...) pass straight through, so the same job runs on the DirectRunner, Dataflow, Flink
@@ -18,17 +20,20 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import nullcontext
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 
+from exported_models import storage
 from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import (
@@ -41,7 +46,7 @@ from serving.batch_prediction.cli import (
 )
 from serving.batch_prediction.model_handler import METRICS_NAMESPACE, SavedModelHandler
 from serving.batch_prediction.sources import FAILED, ReadRecords
-from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, Failure, ModelInfo
+from serving.batch_prediction.steps import ERRORS_PREFIX, RESULTS_PREFIX, TEMPORARY, Failure, ModelInfo
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
@@ -125,6 +130,56 @@ class FormatRows(beam.DoFn):
         stamp_work()
 
 
+class WriteParts(beam.DoFn):
+    """Each bundle's lines to a part file of its own in the output's _temporary/ folder, named downstream once the
+    bundle is done: a bundle that fails and is run again leaves a part that nothing names, so every line is
+    committed once (commit_parts)."""
+
+    def __init__(self, folder: str, prefix: str):
+        self._folder = folder
+        self._prefix = prefix
+
+    def start_bundle(self) -> None:
+        self._path = ""
+        self._file: IO[bytes] | None = None
+
+    def process(self, line: str) -> None:
+        if self._file is None:
+            self._path = storage.join(self._folder, f"{self._prefix}-{uuid.uuid4().hex}")
+            self._file = storage.open_file(self._path, "wb")
+        self._file.write(line.encode() + b"\n")
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        if self._file is not None:
+            self._file.close()
+            yield WindowedValue(self._path, GlobalWindow().max_timestamp(), (GlobalWindow(),))
+
+
+def commit_parts(parts: list[str], output_dir: str, prefix: str, one_file: bool) -> None:
+    """The finished parts under their final names: one shard each, or joined into `<prefix>-00000-of-00001`."""
+    if one_file:
+        steps.join_files(sorted(parts), storage.join(output_dir, f"{prefix}-00000-of-00001"))
+    else:
+        steps.commit_shards(sorted(parts), output_dir, prefix)
+
+
+class WriteLines(beam.PTransform):
+    """Lines to `<output_dir>/<prefix>-*` through the storage layer, on any store: as many shards as bundles wrote
+    them, or one file."""
+
+    def __init__(self, output_dir: str, prefix: str, one_file: bool = False):
+        super().__init__()
+        self._output_dir = output_dir
+        self._prefix = prefix
+        self._one_file = one_file
+
+    def expand(self, lines: beam.PCollection) -> beam.PCollection:
+        temporary = storage.join(self._output_dir, TEMPORARY)
+        return (lines | "WriteParts" >> beam.ParDo(WriteParts(temporary, self._prefix))
+                | "GatherParts" >> beam.combiners.ToList()
+                | "Commit" >> beam.Map(commit_parts, self._output_dir, self._prefix, self._one_file))
+
+
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: ModelInfo) -> None:
     """read -> decode on the host -> RunInference on static batches -> sharded JSON Lines."""
     records, read_failures = pipeline | "Read" >> ReadRecords(args.input, args.input_format, info.mode)
@@ -136,23 +191,8 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, info: Mode
     rows = ((predictions, read_failures, decoded[FAILED]) | "Gather" >> beam.Flatten()
             | "Format" >> beam.ParDo(FormatRows(info, args.top_k)).with_outputs(ERRORS, main="results"))
     output = args.output_dir.rstrip("/")
-    rows.results | "WriteResults" >> beam.io.WriteToText(FileSystems.join(output, RESULTS_PREFIX))
-    rows[ERRORS] | "WriteErrors" >> beam.io.WriteToText(FileSystems.join(output, ERRORS_PREFIX), num_shards=1)
-
-
-def _match(pattern: str) -> list[str]:
-    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-
-
-def check_inputs(pattern: str, input_format: str) -> None:
-    """Fail before launching workers when the pattern matches nothing (a typo would otherwise 'succeed')."""
-    if not steps.list_files(pattern):
-        raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
-
-
-def _touch(path: str) -> None:
-    with FileSystems.create(path):
-        pass
+    rows.results | "WriteResults" >> WriteLines(output, RESULTS_PREFIX)
+    rows[ERRORS] | "WriteErrors" >> WriteLines(output, ERRORS_PREFIX, one_file=True)
 
 
 def check_workers_read_the_model(model_dir: str, options: PipelineOptions) -> None:
@@ -167,10 +207,11 @@ def check_workers_read_the_model(model_dir: str, options: PipelineOptions) -> No
     local = {n.lower() for n in StandardOptions.LOCAL_RUNNERS}
     on_this_machine = (name.lower() in local or f"{name.lower()}runner" in local
                        or options.view_as(PortableOptions).environment_type == "LOOPBACK")
-    if not on_this_machine and not steps.is_url(model_dir):
+    if not on_this_machine and not steps.shared_path(model_dir):
         raise preflight.CannotStart(
             f"--model_dir {model_dir} is a folder on this machine, which the {name}'s workers cannot read: use a "
-            "path every worker can read: gs://…, hdfs://…, or file:///… for a folder every worker mounts")
+            "path every worker can read: s3://…, gs://…, az://…, hdfs://…, or file:///… for a folder every worker "
+            "mounts")
 
 
 def job_metrics(result: beam.runners.runner.PipelineResult) -> tuple[dict[str, int], float]:
@@ -190,8 +231,10 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     driver can check (preflight) fails before the pipeline starts."""
     check_workers_read_the_model(args.model_dir, options)
     info = preflight.load_model(args)
-    check_inputs(args.input, args.input_format)
-    preflight.check_output_dir(args.output_dir, args.overwrite, _match, FileSystems.delete, _touch)
+    preflight.check_inputs(args.input, args.input_format)
+    preflight.check_output_dir(args.output_dir, args.overwrite)
+    temporary = storage.join(args.output_dir, TEMPORARY)
+    storage.makedirs(temporary)
     logger.info("batch job starting", extra={"fields": {
         "model": info.path, "input": args.input, "format": args.input_format, "output_dir": args.output_dir,
         "batch_size": args.batch_size}})
@@ -204,6 +247,7 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
             if quiet() else nullcontext(), stopped_by_ctrl_c(interrupted):
         result = pipeline.run()
         result.wait_until_finish()
+    storage.remove_tree(temporary)
     seconds = time.monotonic() - started
     totals, processing = job_metrics(result)
     counts = steps.Counts(**{name: totals.get(name, 0) for name in steps.Counts.__dataclass_fields__})

@@ -1,7 +1,8 @@
 """Reading and keying the four batch-job input formats as Beam transforms, without ever losing a record.
 
-The reading and keying itself is serving/batch_prediction/steps.py's, shared with the Spark job; these DoFns only count
-each input and route failures to their own output.
+The reading and keying itself is serving/batch_prediction/steps.py's, shared with the Spark job (every file read
+through Petal's storage layer, on any store); these DoFns only count each input and route failures to their own
+output.
 """
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from serving.batch_prediction import steps
@@ -29,16 +29,7 @@ class ReadFiles(beam.DoFn):
     """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path."""
 
     def process(self, path: str) -> Iterator[Any]:
-        yield _counted(steps.read_file(path, FileSystems.open))
-
-
-class ParseFileList(beam.DoFn):
-    """One line of a file list to a path; relative paths are relative to the list file, so lists travel."""
-
-    def process(self, element: tuple[str, str]) -> Iterator[str]:
-        path = steps.file_list_path(*element)
-        if path:
-            yield path
+        yield _counted(steps.read_file(path))
 
 
 class ReadTFRecordFile(beam.DoFn):
@@ -60,7 +51,7 @@ class ReadJsonLinesFile(beam.DoFn):
         self._mode = mode
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in steps.read_jsonl_file(path, FileSystems.open, self._mode):
+        for item in steps.read_jsonl_file(path, self._mode):
             yield _counted(item)
 
 
@@ -80,11 +71,9 @@ class ReadRecords(beam.PTransform):
         self._mode = mode
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> tuple[beam.PCollection, beam.PCollection]:
-        if self._format == "filelist":
-            paths = (pbegin | "ReadList" >> beam.io.ReadFromTextWithFilename(self._pattern)
-                     | "ParseList" >> beam.ParDo(ParseFileList()))
-        else:
-            paths = pbegin | "Pattern" >> beam.Create([self._pattern]) | "Match" >> beam.FlatMap(steps.list_files)
+        paths = pbegin | "Pattern" >> beam.Create([self._pattern]) | "Match" >> beam.FlatMap(steps.list_files)
+        if self._format == "filelist":  # a path of each line: relative to its list, so that lists travel
+            paths = paths | "ReadList" >> beam.FlatMap(steps.read_file_list)
         if self._format in ("images", "filelist"):
             outputs = (paths | "SpreadPaths" >> beam.Reshuffle()
                        | "ReadFiles" >> beam.ParDo(ReadFiles()).with_outputs(FAILED, main="records"))

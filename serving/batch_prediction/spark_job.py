@@ -16,9 +16,11 @@ lines). Errors are few: each task's go to `_temporary/` too, and the driver join
 the one errors file. The summary counts come back with each task's result, so a retried task is not counted
 twice, and the job fails (exit 1) unless rows in = results + errors and every partition's shard is there.
 
-Paths are opened by TensorFlow's filesystems on the executors: local and mounted paths (NFS, /dbfs), gs:// and
-hdfs://. On a cluster (any master but `local[...]`) a model in a local folder is shipped with the job as an
-archive, since an executor on another machine cannot read the driver's disk (docs/batch.md, 'On a cluster').
+Files are read and written through Petal's storage layer (exported_models/storage.py) on the driver and the
+executors alike: local and mounted paths (NFS, /dbfs), and object stores (s3://, gs://, az://), whose environment
+the executors get as any Spark job's do (spark.executorEnv.*). On a cluster (any master but `local[...]`) a model
+in a local folder is shipped with the job as an archive, since an executor on another machine cannot read the
+driver's disk; one on a store is downloaded by each executor process (docs/batch.md, 'On a cluster').
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ import functools
 import logging
 import math
 import os
-import posixpath
 import re
 import shutil
 import socket
@@ -40,14 +41,15 @@ import time
 import uuid
 from typing import Any
 
-import tensorflow as tf
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from exported_models import storage
 from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import add_job_flags, check_job_flags, quiet, run_and_report
-from serving.batch_prediction.spark_tasks import TEMPORARY, PartitionJob, archived_name, score_partition
+from serving.batch_prediction.spark_tasks import PartitionJob, score_partition
+from serving.batch_prediction.steps import TEMPORARY
 from training import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
@@ -98,30 +100,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def list_units(pattern: str, input_format: str, rows_per_partition: int) -> tuple[list[Any], int]:
     """The partitions' inputs: lists of image paths, or record files one each; and how many paths were listed."""
-    files = steps.list_files(pattern)
-    if not files:
-        raise FileNotFoundError(f"--input {pattern} matches no files (format {input_format})")
+    files = preflight.check_inputs(pattern, input_format)
     if input_format in ("tfrecord", "jsonl"):
         return files, 0
     paths = files
     if input_format == "filelist":
-        paths = []
-        for list_file in files:
-            with tf.io.gfile.GFile(list_file) as f:
-                paths += [p for p in (steps.file_list_path(list_file, line) for line in f) if p]
+        with preflight.on_store("--input", pattern):
+            paths = [path for list_file in files for path in steps.read_file_list(list_file)]
     count = math.ceil(len(paths) / rows_per_partition)
     return [paths[i * rows_per_partition:(i + 1) * rows_per_partition] for i in range(count)], len(paths)
-
-
-def _remove(paths: list[str]) -> None:
-    for path in paths:
-        tf.io.gfile.remove(path)
-
-
-def _touch(path: str) -> None:
-    tf.io.gfile.makedirs(posixpath.dirname(path))
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write("")  # GFile creates its file on the first write
 
 
 def ship_model(spark: SparkSession, info: steps.ModelInfo) -> str | None:
@@ -133,27 +120,17 @@ def ship_model(spark: SparkSession, info: steps.ModelInfo) -> str | None:
     (gs://, hdfs://, or file:///… for a folder every node mounts) opts out of the copy. The archive is not
     compressed (variables hardly compress) and stays until this process exits, since an executor that joins
     later fetches it too."""
-    if str(spark.sparkContext.master).startswith("local") or steps.is_url(info.path):
+    if str(spark.sparkContext.master).startswith("local") or steps.shared_path(info.path):
         return None
     folder = tempfile.mkdtemp(prefix="petal-model-")
     atexit.register(shutil.rmtree, folder, True)
     archive = os.path.join(folder, f"model-{uuid.uuid4().hex}.tar")
     with tarfile.open(archive, "w", dereference=True) as tar:
-        tar.add(info.path, arcname=archived_name(info.path))
+        tar.add(info.path, arcname=steps.version_name(info.path))
     spark.sparkContext.addArchive(archive)
     logger.info("model shipped with the job", extra={"fields": {
         "model": info.path, "archive": os.path.basename(archive), "bytes": os.path.getsize(archive)}})
     return os.path.basename(archive)
-
-
-def join_errors(job: PartitionJob) -> None:
-    """The successful attempts' errors, in partition order, as the one errors file (written, then renamed)."""
-    final = posixpath.join(job.output_dir, steps.ERRORS_FILE)
-    with tf.io.gfile.GFile(f"{final}.tmp", "w") as out:
-        for index in range(job.partitions):
-            with tf.io.gfile.GFile(job.errors_part(index)) as part:
-                out.write(part.read())
-    tf.io.gfile.rename(f"{final}.tmp", final, overwrite=True)
 
 
 def check_master(master: str | None) -> None:
@@ -181,7 +158,7 @@ def start_session(args: argparse.Namespace) -> SparkSession:
             builder = builder.config(map=LOCAL_CONF)
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the Python workers' is this one, with Petal
     if args.spark_event_log_dir:
-        tf.io.gfile.makedirs(args.spark_event_log_dir)
+        storage.makedirs(args.spark_event_log_dir)
         builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir",
                                                                           args.spark_event_log_dir)
     if quiet():  # read as the driver's JVM starts, so before any of its lines
@@ -212,13 +189,11 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         check_master(args.spark_master)
     info = preflight.load_model(args)
     units, paths = list_units(args.input, args.input_format, args.rows_per_partition)
-    preflight.check_output_dir(args.output_dir, args.overwrite, tf.io.gfile.glob, _remove, _touch)
+    preflight.check_output_dir(args.output_dir, args.overwrite)
     own_session = spark is None
     spark = start_session(args) if spark is None else spark
-    temporary = posixpath.join(args.output_dir, TEMPORARY)  # once Spark runs: a failed start leaves nothing behind
-    if tf.io.gfile.exists(temporary):
-        tf.io.gfile.rmtree(temporary)
-    tf.io.gfile.makedirs(temporary)
+    temporary = storage.join(args.output_dir, TEMPORARY)  # once Spark runs: a failed start leaves nothing behind
+    storage.makedirs(temporary)
     job = PartitionJob(info, args.input_format, args.output_dir.rstrip("/"), len(units), args.batch_size,
                        args.top_k, args.use_tpu, args.tpu, args.max_image_pixels, ship_model(spark, info))
     logger.info("batch job starting", extra={"fields": {
@@ -236,13 +211,16 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         if own_session:
             spark.stop()
     seconds = time.monotonic() - started
-    join_errors(job)
-    tf.io.gfile.rmtree(temporary)
+    # the successful attempts' errors, in partition order, as the one errors file
+    steps.join_files([job.errors_part(index) for index in range(job.partitions)],
+                     storage.join(job.output_dir, steps.ERRORS_FILE))
+    storage.remove_tree(temporary)
     counts = steps.Counts()
     for _, task_counts, _, _ in tasks:
         counts.add(steps.Counts(**task_counts))
     shards = sorted(index for index, *_ in tasks)
-    missing = [i for i in range(job.partitions) if not tf.io.gfile.exists(job.results_path(i))]
+    written = storage.list_files(job.output_dir)
+    missing = [i for i in range(job.partitions) if os.path.basename(job.results_path(i)) not in written]
     verified = shards == list(range(job.partitions)) and not missing and (not paths or paths == counts.read)
     processing = max(t[3] for t in tasks) - min(t[2] for t in tasks) if tasks else 0.0
     return steps.summary(info, args.output_dir, counts, seconds, processing, verified=verified,

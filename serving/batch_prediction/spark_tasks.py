@@ -7,15 +7,13 @@ job does not run (docs/batch.md, 'Lean workers').
 
 The model loads once per executor Python worker (Spark reuses them across tasks) with TensorFlow's thread pools
 sized to the task's cores; a model the driver shipped with the job (spark_job.ship_model) is read from the
-executor's own unpacked copy.
+executor's own unpacked copy, and one on an object store is downloaded beside it (steps.model_folder). Inputs and
+outputs are read and written through Petal's storage layer, so the executors need that store's package and
+environment (docs/batch.md, 'Object stores').
 """
 from __future__ import annotations
 
-import bz2
-import contextlib
-import gzip
 import os
-import posixpath
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -25,9 +23,9 @@ from typing import Any
 import tensorflow as tf
 from pyspark import SparkFiles, TaskContext
 
+from exported_models import storage
 from serving.batch_prediction import steps
-
-TEMPORARY = "_temporary"
+from serving.batch_prediction.steps import TEMPORARY
 
 
 @dataclass(frozen=True)
@@ -47,44 +45,27 @@ class PartitionJob:
     model_archive: str | None = None
 
     def results_path(self, index: int) -> str:
-        return posixpath.join(self.output_dir, f"{steps.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
+        return storage.join(self.output_dir, f"{steps.RESULTS_PREFIX}-{index:05d}-of-{self.partitions:05d}")
 
     def errors_part(self, index: int) -> str:
-        return posixpath.join(self.output_dir, TEMPORARY, f"errors-{index:05d}")
+        return storage.join(self.output_dir, TEMPORARY, f"errors-{index:05d}")
 
     def executor_info(self) -> steps.ModelInfo:
-        """The model as this executor reads it: the shipped copy's `<model>/<version>` folder, else the path as
-        given (see spark_job.ship_model for the archive's layout)."""
+        """The model as this executor reads it: the shipped copy's `<model>/<version>` folder (see
+        spark_job.ship_model for the archive's layout), or the copy of a store's model downloaded into the folder
+        where Spark keeps the application's files on this executor, else the path as given."""
         if self.model_archive is None:
-            return self.info
-        return replace(self.info, path=os.path.join(SparkFiles.get(self.model_archive), archived_name(self.info.path)))
-
-
-def archived_name(version_dir: str) -> str:
-    """`<model>/<version>`, the last two parts of a version folder: the servable's name and version stay as the
-    driver sees them when the folder is read from an archive."""
-    parts = version_dir.rstrip("/").split("/")
-    return "/".join(p for p in parts[-2:] if p)
-
-
-@contextlib.contextmanager
-def _open(path: str) -> Iterator[Any]:
-    """A file's bytes, decompressed when its name says so, as Beam's FileSystems.open gives them."""
-    with tf.io.gfile.GFile(path, "rb") as raw:
-        if path.endswith(".gz"):
-            yield gzip.GzipFile(fileobj=raw)
-        elif path.endswith(".bz2"):
-            yield bz2.BZ2File(raw)
-        else:
-            yield raw
+            return replace(self.info, path=steps.model_folder(self.info.path, SparkFiles.getRootDirectory()))
+        return replace(self.info, path=os.path.join(SparkFiles.get(self.model_archive),
+                                                    steps.version_name(self.info.path)))
 
 
 def _read(input_format: str, mode: str, unit: Any) -> Iterator[steps.Record | steps.Failure]:
     if input_format == "tfrecord":
         return steps.read_tfrecord_file(unit, mode)
     if input_format == "jsonl":
-        return steps.read_jsonl_file(unit, _open, mode)
-    return (steps.read_file(path, _open) for path in unit)
+        return steps.read_jsonl_file(unit, mode)
+    return (steps.read_file(path) for path in unit)
 
 
 _models: dict[tuple, tuple[steps.BatchModel, steps.ImageDecoder | steps.PayloadDecoder]] = {}
@@ -124,13 +105,12 @@ def score_partition(job: PartitionJob, index: int, units: Iterable[Any]) -> Iter
     model, decoder = _model(job)
     started = time.time()
     scorer = steps.Scorer(decoder, model, job.info, job.top_k)
-    attempt = posixpath.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
-    with tf.io.gfile.GFile(f"{attempt}.results", "w") as results, tf.io.gfile.GFile(f"{attempt}.errors", "w") as errors:
-        for out in (results, errors):
-            out.write("")  # GFile creates its file on the first write, and an empty shard must exist too
+    attempt = storage.join(job.output_dir, TEMPORARY, f"attempt-{index:05d}-{_task().taskAttemptId()}")
+    with storage.open_file(f"{attempt}.results", "wb") as results, storage.open_file(f"{attempt}.errors",
+                                                                                       "wb") as errors:
         records = chain.from_iterable(_read(job.input_format, job.info.mode, u) for u in units)
         for is_result, line in scorer.score(records):
-            (results if is_result else errors).write(line + "\n")
-    tf.io.gfile.rename(f"{attempt}.errors", job.errors_part(index), overwrite=True)
-    tf.io.gfile.rename(f"{attempt}.results", job.results_path(index), overwrite=True)
+            (results if is_result else errors).write(line.encode() + b"\n")
+    steps.move(f"{attempt}.errors", job.errors_part(index))
+    steps.move(f"{attempt}.results", job.results_path(index))
     yield index, asdict(scorer.counts), started, time.time()

@@ -16,35 +16,48 @@ nothing else for the work itself, so both engines read, key, decode, batch, pred
 Any other SavedModel's parts (any_model, and the server's loaders and codecs behind it) are imported only by a job
 that runs one, so that an image job's workers start without them (docs/batch.md, 'Lean workers').
 
-Files are opened through a function the engine passes in (Beam's FileSystems.open, or TensorFlow's gfile on
-Spark), so each engine reads the filesystems it knows.
+Every file is read and written through exported_models/storage.py, on a disk or an object store (`s3://`, `gs://`,
+`az://`), by both engines alike: a model given as a URL is copied into a local folder once per process (TensorFlow
+reads only local files: 2.21 has no `s3://`), and so is a TFRecord file, which TensorFlow's reader checks record by
+record; images, JSON Lines and file lists are streamed.
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
+import bz2
+import contextlib
+import gzip
+import io
 import json
 import logging
+import os
 import posixpath
-import re
+import shutil
+import tempfile
+import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 
+from exported_models import storage
 from exported_models.model_format import (
     DEFAULT_SIGNATURE,
     LABELS_ASSET,
+    SAVED_MODEL_FILES,
     class_names,
     latest_version,
     read_labels,
     read_signatures,
+    versions_in_listing,
 )
 from serving.core.errors import ServingError, op_error_message
 from serving.core.images import check_pixels
@@ -64,13 +77,14 @@ ERRORS_FILE = f"{ERRORS_PREFIX}-00000-of-00001"
 FORMATS = ("images", "filelist", "tfrecord", "jsonl")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".jsonl": "jsonl",
                ".json": "jsonl", ".txt": "filelist", ".lst": "filelist", ".list": "filelist"}
-COMPRESSED = (".gz", ".bz2")  # read decompressed, by both engines, as Beam's FileSystems.open reads them
-_SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")
+# Read decompressed by both engines, as Beam's FileSystems.open reads them
+COMPRESSED: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {".gz": lambda raw: gzip.GzipFile(fileobj=raw),
+                                                                   ".bz2": bz2.BZ2File}
+# Where each engine's tasks write their files before they are committed under their final names
+TEMPORARY = "_temporary"
 # A TFRecord is its length (8 bytes) and the length's CRC (4), the data, and the data's CRC (4).
 _TFRECORD_HEADER = 12
 _TFRECORD_FRAMING = _TFRECORD_HEADER + 4
-
-Opener = Callable[[str], AbstractContextManager[Any]]  # a file opened for binary reads, in a with-block
 
 
 @dataclass(frozen=True)
@@ -92,9 +106,10 @@ class Failure:
 Record = tuple[Any, bytes]
 
 
-def is_url(path: str) -> bool:
-    """`gs://…`, `hdfs://…`, `file:///…`: a path every worker resolves alike, never rewritten."""
-    return bool(_SCHEME.match(path))
+def shared_path(path: str) -> bool:
+    """A store's URL (`s3://…`, `gs://…`) or a `file:///…` one (a folder every machine mounts at that path): every
+    worker reads it as the driver does, so it is never rewritten, and a model there is never shipped."""
+    return storage.is_remote(path) or storage.local_path(path) != path
 
 
 def infer_format(pattern: str) -> str:
@@ -109,23 +124,63 @@ def infer_format(pattern: str) -> str:
 # --- reading ------------------------------------------------------------------------------------------------
 
 def list_files(pattern: str) -> list[str]:
-    """What an --input pattern names, for both engines alike, listed by TensorFlow's file systems (which read the
-    model too): every match but folders, sorted. Beam's own matching left out a dangling link, which the Spark job
-    kept, and took a folder named without a wildcard as a file: a record lost, and a job of one error line."""
+    """What an --input pattern names, for both engines alike: every match but folders, sorted; on a store, what its
+    listing matches. Locally TensorFlow's matching, which keeps a link to a deleted file (Beam's own matching left it
+    out, which the Spark job kept: a record lost) and takes a folder named without a wildcard for none (a job of
+    one error line)."""
+    if storage.is_remote(pattern):
+        return storage.glob(pattern)
     return sorted(f for f in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(f))
 
 
-def read_file(path: str, open_file: Opener) -> Record | Failure:
-    """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path."""
+@contextlib.contextmanager
+def open_input(path: str) -> Iterator[IO[bytes] | io.BufferedIOBase]:
+    """An input file's bytes from any store, streamed, decompressed when its name ends in .gz or .bz2."""
+    with storage.open_file(path) as raw:
+        decompress = _decompressor(path)
+        yield decompress(raw) if decompress else raw
+
+
+def _decompressor(path: str) -> Callable[[IO[bytes]], io.BufferedIOBase] | None:
+    return COMPRESSED.get(posixpath.splitext(path)[1].lower())
+
+
+@contextlib.contextmanager
+def local_file(path: str) -> Iterator[str]:
+    """A path TensorFlow's readers open: a local one as it is, a URL's object copied into a temporary file first,
+    which is deleted once read."""
+    if not storage.is_remote(path):
+        yield storage.local_path(path)
+        return
+    with tempfile.NamedTemporaryFile(prefix="petal-input-") as copy:
+        with storage.open_file(path) as source:
+            shutil.copyfileobj(source, copy)
+        copy.flush()
+        yield copy.name
+
+
+def read_file(path: str) -> Record | Failure:
+    """A path to `(path, bytes)`; a file that cannot be read becomes a failure keyed by its path. Read in one call
+    (on a store one request, where opening a file takes two)."""
     try:
-        with open_file(path) as f:
-            return path, f.read()
-    except (FileNotFoundError, tf.errors.NotFoundError) as e:
-        return Failure(path, "NOT_FOUND", f"no such file: {getattr(e, 'filename', None) or path}")
-    except (IsADirectoryError, tf.errors.FailedPreconditionError):
+        data = storage.read_bytes(path)
+        decompress = _decompressor(path)
+        return path, decompress(io.BytesIO(data)).read() if decompress else data
+    except FileNotFoundError as e:
+        return Failure(path, "NOT_FOUND", f"no such file: {e.filename or path}")
+    except IsADirectoryError:
         return Failure(path, "INVALID_ARGUMENT", "is a directory, not an image file")
-    except (OSError, tf.errors.OpError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         return Failure(path, "UNAVAILABLE", f"cannot read the file: {e}")
+
+
+def read_file_list(list_file: str) -> Iterator[str]:
+    """The paths a file list names, one a line (blank lines passed over)."""
+    with open_input(list_file) as f:
+        for line in f:
+            path = file_list_path(list_file, line.decode())
+            if path:
+                yield path
 
 
 def file_list_path(list_file: str, line: str) -> str | None:
@@ -133,8 +188,8 @@ def file_list_path(list_file: str, line: str) -> str | None:
     path = line.strip()
     if not path:
         return None
-    return path if is_url(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
-                                                                                   path)
+    return path if shared_path(path) or posixpath.isabs(path) else posixpath.join(posixpath.dirname(list_file),
+                                                                                  path)
 
 
 def _example_key(features: Any, position: str) -> Any:
@@ -175,26 +230,28 @@ def read_tfrecord_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failu
     TensorFlow's reader stops without a word at a file cut inside a record header, so the bytes its records
     account for are compared with the file's size: whatever is left over is reported, with its byte offset.
     """
-    try:
-        size = tf.io.gfile.stat(path).length
-    except tf.errors.OpError as e:
-        status = "NOT_FOUND" if isinstance(e, tf.errors.NotFoundError) else "UNAVAILABLE"
-        yield Failure(f"{path}:0", status, f"cannot read the file: {op_error_message(e.message)}")
-        return
-    index, offset = -1, 0
-    try:
-        for index, serialized in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
-            offset += len(serialized) + _TFRECORD_FRAMING
-            yield _example_record(f"{path}:{index}", serialized, mode)
-    except tf.errors.OpError as e:
-        reason = op_error_message(e.message)
-    else:
-        if offset == size:
+    with contextlib.ExitStack() as stack:
+        try:
+            local = stack.enter_context(local_file(path))
+            size = os.path.getsize(local)
+        except OSError as e:
+            status = "NOT_FOUND" if isinstance(e, FileNotFoundError) else "UNAVAILABLE"
+            yield Failure(f"{path}:0", status, f"cannot read the file: {e}")
             return
-        reason = f"the file ends {size - offset} bytes into a record's {_TFRECORD_HEADER}-byte header"
-    after = f"after record {index}" if index >= 0 else "before any record"
-    yield Failure(f"{path}:{index + 1}", "DATA_LOSS",
-                  f"{path}: byte {offset} of {size} does not start a whole TFRecord ({after}): {reason}")
+        index, offset = -1, 0
+        try:
+            for index, serialized in enumerate(tf.data.TFRecordDataset(local).as_numpy_iterator()):
+                offset += len(serialized) + _TFRECORD_FRAMING
+                yield _example_record(f"{path}:{index}", serialized, mode)
+        except tf.errors.OpError as e:
+            reason = op_error_message(e.message)
+        else:
+            if offset == size:
+                return
+            reason = f"the file ends {size - offset} bytes into a record's {_TFRECORD_HEADER}-byte header"
+        after = f"after record {index}" if index >= 0 else "before any record"
+        yield Failure(f"{path}:{index + 1}", "DATA_LOSS",
+                      f"{path}: byte {offset} of {size} does not start a whole TFRecord ({after}): {reason}")
 
 
 def _not_json(constant: str) -> None:
@@ -227,16 +284,16 @@ def _json_record(position: str, raw: bytes, mode: str) -> Record | Failure:
         return Failure(key, "INVALID_ARGUMENT", f"image_bytes.b64 is not valid base64: {e}")
 
 
-def read_jsonl_file(path: str, open_file: Opener, mode: str = IMAGES) -> Iterator[Record | Failure]:
+def read_jsonl_file(path: str, mode: str = IMAGES) -> Iterator[Record | Failure]:
     """Every `{"key": …, "image_bytes": {"b64": …}}` line of one file to `(key, bytes)`, streamed (other modes:
     `{"key": …, "instance" or "example": …}` lines, see serving/batch_prediction/any_model.py)."""
     number = 0
     try:
-        with open_file(path) as f:
-            for number, raw in enumerate(iter(f.readline, b""), start=1):  # Beam's compressed files have no __iter__
+        with open_input(path) as f:
+            for number, raw in enumerate(f, start=1):
                 if raw.strip():
                     yield _json_record(f"{path}:{number}", raw, mode)
-    except (OSError, EOFError, zlib.error, tf.errors.OpError) as e:  # a compressed file cut short or corrupt too
+    except (OSError, EOFError, zlib.error) as e:  # a compressed file cut short or corrupt too
         yield Failure(f"{path}:{number + 1}", "UNAVAILABLE", f"cannot read the file past line {number}: {e}")
 
 
@@ -254,23 +311,77 @@ class ModelInfo:
     mode: str = IMAGES
 
 
+def version_name(version_dir: str) -> str:
+    """`<model>/<version>`, the last two parts of a version folder: a copy of the folder keeps them, so that the
+    servable's name and version stay as the driver sees them."""
+    parts = version_dir.rstrip("/").split("/")
+    return "/".join(p for p in parts[-2:] if p)
+
+
+def resolve_model(model_dir: str) -> str:
+    """The version folder a --model_dir names: itself when it holds a SavedModel, else its base path's highest
+    published version (TF Serving's latest policy); on a store, read off one listing."""
+    if not storage.is_remote(model_dir):
+        return latest_version(model_dir)
+    files = storage.list_files(model_dir)
+    base = model_dir.rstrip("/")
+    if any(name in files for name in SAVED_MODEL_FILES):
+        return base
+    versions = versions_in_listing(base, files)
+    if not versions:
+        raise FileNotFoundError(f"no SavedModel in {model_dir!r}: of its {len(files)} files none is a saved_model.pb, "
+                                "nor in an integer version folder")
+    return storage.join(base, versions[max(versions)])
+
+
+_model_copies: dict[tuple, str] = {}
+_copying = threading.Lock()
+
+
+def model_folder(path: str, parent: str | None = None) -> str:
+    """A local folder holding the version at `path`: a local one as it is; a URL's files downloaded through the
+    storage layer once per process (again if they changed), into `parent` (the temporary folder by default),
+    as `<model>/<version>` there. Every Beam worker and Spark executor process fetches its own copy, as it reads
+    the inputs, so the model needs no shared disk and no copy from the driver."""
+    if not storage.is_remote(path):
+        return path
+    files = storage.list_files(path)
+    key = (path, tuple(sorted((name, entry.size, entry.tag) for name, entry in files.items())))
+    with _copying:
+        if key not in _model_copies:
+            if not any(name in files for name in SAVED_MODEL_FILES):
+                raise FileNotFoundError(f"no SavedModel in {path!r}")
+            top = tempfile.mkdtemp(prefix="petal-model-", dir=parent and os.path.abspath(parent))
+            atexit.register(shutil.rmtree, top, True)
+            folder = os.path.join(top, *version_name(path).split("/"))
+            started = time.monotonic()
+            storage.download(path, files, folder)
+            logger.info("model downloaded", extra={"fields": {
+                "model": path, "folder": folder, "bytes": sum(entry.size for entry in files.values()),
+                "seconds": round(time.monotonic() - started, 2)}})
+            _model_copies[key] = folder
+        return _model_copies[key]
+
+
 def read_model_info(model_dir: str, signature_name: str | None = None, method: str | None = None,
                     input_format: str | None = None) -> ModelInfo:
     """What runs, without loading the graph: a Petal image classifier's image size (from its `predict_images`
     input spec) and labels, unless a signature or method is named or there is no `predict_images`; then the
-    signature (serving_default by default) and whether it predicts, classifies or regresses."""
-    path = latest_version(model_dir)
-    signatures = read_signatures(path)
+    signature (serving_default by default) and whether it predicts, classifies or regresses. The info's path
+    is the version folder as given (a URL stays one); its files are read from model_folder's copy."""
+    path = resolve_model(model_dir)
+    folder = model_folder(path)
+    signatures = read_signatures(folder)
     if SIGNATURE not in signatures or signature_name not in (None, SIGNATURE) or method is not None:
-        return _any_model_info(path, signatures, signature_name or DEFAULT_SIGNATURE, method, input_format)
+        return _any_model_info(path, folder, signatures, signature_name or DEFAULT_SIGNATURE, method, input_format)
     dims = signatures[SIGNATURE].inputs[SIGNATURE_INPUT].shape or []
     if len(dims) != 4 or dims[1] <= 0 or dims[2] <= 0:
         raise ValueError(f"{path}: {SIGNATURE} input must be [batch, H, W, 3] with static H and W, got {dims}")
-    class_names = tuple(read_labels(f"{path}/{LABELS_ASSET}"))
+    class_names = tuple(read_labels(f"{folder}/{LABELS_ASSET}"))
     return ModelInfo(path=path, height=dims[1], width=dims[2], class_names=class_names)
 
 
-def _any_model_info(path: str, signatures: dict, signature_name: str, method: str | None,
+def _any_model_info(path: str, folder: str, signatures: dict, signature_name: str, method: str | None,
                     input_format: str | None) -> ModelInfo:
     from serving.batch_prediction import any_model
 
@@ -280,7 +391,7 @@ def _any_model_info(path: str, signatures: dict, signature_name: str, method: st
     if input_format is not None and input_format not in any_model.INPUT_FORMATS[mode]:
         raise ValueError(f"signature {signature_name!r} runs {mode}, which reads --input_format "
                          f"{' or '.join(any_model.INPUT_FORMATS[mode])}, not {input_format}")
-    return ModelInfo(path=path, height=0, width=0, class_names=tuple(class_names(path)), signature=signature_name,
+    return ModelInfo(path=path, height=0, width=0, class_names=tuple(class_names(folder)), signature=signature_name,
                      mode=mode)
 
 
@@ -319,7 +430,7 @@ class StaticBatchClassifier:
         self.batch_size = batch_size
         self.class_names = np.array(info.class_names, dtype=object)
         with self.strategy.scope():
-            self._loaded = tf.saved_model.load(info.path)
+            self._loaded = tf.saved_model.load(model_folder(info.path))
         signature = self._loaded.signatures[SIGNATURE]
         strategy, replicas = self.strategy, self.replicas
 
@@ -371,7 +482,7 @@ def load_model(info: ModelInfo, batch_size: int, use_tpu: bool = False, tpu: str
         raise ValueError("--use_tpu runs only Petal's image classifiers (their predict_images signature)")
     from serving.batch_prediction import any_model
 
-    return any_model.SignatureBatchModel(info.path, info.signature, info.mode, batch_size)
+    return any_model.SignatureBatchModel(model_folder(info.path), info.signature, info.mode, batch_size)
 
 
 def check_model(info: ModelInfo) -> None:
@@ -382,7 +493,7 @@ def check_model(info: ModelInfo) -> None:
     if info.mode != IMAGES:
         load_model(info, 1)
         return
-    signature = tf.saved_model.load(info.path).signatures[SIGNATURE]
+    signature = tf.saved_model.load(model_folder(info.path)).signatures[SIGNATURE]
     takes = set(signature.structured_input_signature[1])
     gives = set(signature.structured_outputs)
     if takes != {SIGNATURE_INPUT} or not gives >= set(DEVICE_OUTPUTS):
@@ -417,7 +528,7 @@ class PayloadDecoder:
     def __init__(self, info: ModelInfo):
         from serving.batch_prediction import any_model
 
-        self._decode = any_model.RowDecoder(info.mode, read_signatures(info.path)[info.signature])
+        self._decode = any_model.RowDecoder(info.mode, read_signatures(model_folder(info.path))[info.signature])
 
     def __call__(self, key: Any, payload: Any) -> tuple[Any, Any] | Failure:
         try:
@@ -533,18 +644,56 @@ class Scorer:
 
 # --- the job around the records -----------------------------------------------------------------------------
 
-def prepare_output_dir(output_dir: str, overwrite: bool, match: Callable[[str], list[str]],
-                       delete: Callable[[list[str]], object]) -> None:
-    """Never mix two runs' shards: refuse a non-empty directory, or with --overwrite delete the old shards."""
-    existing = match(posixpath.join(output_dir.rstrip("/"), "*"))
+def move(source: str, target: str) -> None:
+    """A finished file to its final name, replacing what is there: a rename on a disk, a copy and a delete on an
+    object store, whose objects appear whole; either way no reader sees half a shard."""
+    try:
+        storage.filesystem(target).mv(source, target)
+    except Exception as error:  # every store's SDK has its own errors
+        raise storage.StorageError(f"could not move {source} to {target}: {storage.describe(error)}") from None
+
+
+def remove(paths: Iterable[str]) -> None:
+    for path in paths:
+        try:
+            storage.filesystem(path).rm_file(path)
+        except Exception as error:  # every store's SDK has its own errors
+            raise storage.StorageError(f"could not delete {path}: {storage.describe(error)}") from None
+
+
+def join_files(parts: Sequence[str], target: str) -> None:
+    """The parts' lines, in their order, as one file (written beside it, then moved into place)."""
+    staging = f"{target}.tmp"
+    with storage.open_file(staging, "wb") as out:
+        for part in parts:
+            with storage.open_file(part) as f:
+                shutil.copyfileobj(f, out)
+    move(staging, target)
+
+
+def commit_shards(parts: Sequence[str], output_dir: str, prefix: str) -> None:
+    """Finished parts as `<prefix>-<index>-of-<count>` shards, in their order; one empty shard when there is no
+    part, so that a job without results still says so in a file."""
+    if not parts:
+        with storage.open_file(storage.join(output_dir, f"{prefix}-00000-of-00001"), "wb"):
+            return
+    for index, part in enumerate(parts):
+        move(part, storage.join(output_dir, f"{prefix}-{index:05d}-of-{len(parts):05d}"))
+
+
+def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
+    """Never mix two runs' shards: refuse a folder that holds any file, or with --overwrite delete an earlier run's
+    shards and unfinished parts (the folder's other files stay)."""
+    existing = storage.list_files(output_dir)
     if not existing:
         return
     if not overwrite:
-        raise FileExistsError(f"--output_dir {output_dir} is not empty ({len(existing)} entries); "
-                              "choose a new directory or pass --overwrite")
-    old = [p for p in existing if p.rstrip("/").rsplit("/", 1)[-1].startswith((RESULTS_PREFIX, ERRORS_PREFIX))]
-    if old:
-        delete(old)
+        files = f"{len(existing)} file{'s' if len(existing) > 1 else ''}"
+        raise FileExistsError(f"--output_dir {output_dir} is not empty ({files}); choose a new directory or pass "
+                              "--overwrite")
+    remove(storage.join(output_dir, name) for name in existing
+           if name.startswith((RESULTS_PREFIX, ERRORS_PREFIX)) and "/" not in name)
+    storage.remove_tree(storage.join(output_dir, TEMPORARY))
 
 
 def summary(info: ModelInfo, output_dir: str, counts: Counts, seconds: float, processing: float,

@@ -1,5 +1,6 @@
-"""The batch driver's checks and its TFRecord reader, engine-free: paths made absolute, an unwritable output folder
-refused, and every byte of a TFRecord file accounted for (a corrupt middle record, a missing file)."""
+"""The batch driver's checks and its files, engine-free: paths made absolute, an unwritable or used output folder
+refused (--overwrite deleting an earlier run's files only), parts committed under their final names, and every
+byte of a TFRecord file accounted for (a corrupt middle record, a missing file)."""
 from __future__ import annotations
 
 import argparse
@@ -22,20 +23,42 @@ def test_local_paths_become_absolute_and_urls_stay_as_they_are(tmp_path, monkeyp
         assert preflight.absolute(url) == url
 
 
-def _touch(path: str) -> None:
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write("")
-
-
 def test_an_output_folder_that_cannot_be_written_is_refused_and_a_good_one_is_left_empty(tmp_path):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(preflight.CannotStart, match=r"--output_dir .*a-file/out cannot be written: "):
-        preflight.check_output_dir(str(tmp_path / "a-file" / "out"), False, tf.io.gfile.glob,
-                                   lambda paths: [tf.io.gfile.remove(p) for p in paths], _touch)
-    preflight.check_output_dir(str(tmp_path / "out"), False, tf.io.gfile.glob,
-                               lambda paths: [tf.io.gfile.remove(p) for p in paths], _touch)
+        preflight.check_output_dir(str(tmp_path / "a-file" / "out"), False)
+    preflight.check_output_dir(str(tmp_path / "out"), False)
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_used_output_folder_is_refused_and_overwrite_deletes_an_earlier_runs_files_only(tmp_path):
+    out = tmp_path / "out"
+    (out / steps.TEMPORARY).mkdir(parents=True)
+    (out / steps.TEMPORARY / "attempt-00000-7.results").write_text("{}\n")
+    (out / "prediction.results-00000-of-00001").write_text("{}\n")
+    (out / steps.ERRORS_FILE).write_text("")
+    (out / "notes.txt").write_text("mine\n")
+    with pytest.raises(FileExistsError, match=r"--output_dir .*/out is not empty \(4 files\); .* --overwrite"):
+        preflight.check_output_dir(str(out), False)
+    assert len(list(out.rglob("*"))) == 5
+    preflight.check_output_dir(str(out), True)
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_parts_are_committed_under_their_final_names(tmp_path):
+    parts = []
+    for index, line in enumerate(["a", "b"]):
+        parts.append(str(tmp_path / f"part-{index}"))
+        (tmp_path / f"part-{index}").write_text(f"{line}\n")
+    steps.join_files(parts, str(tmp_path / "joined"))
+    assert (tmp_path / "joined").read_text() == "a\nb\n" and not (tmp_path / "joined.tmp").exists()
+    (tmp_path / "out").mkdir()
+    steps.commit_shards(parts, str(tmp_path / "out"), "x")
+    assert {name: (tmp_path / "out" / name).read_text() for name in os.listdir(tmp_path / "out")} == {
+        "x-00000-of-00002": "a\n", "x-00001-of-00002": "b\n"}
+    assert not [p for p in parts if os.path.exists(p)]
+    steps.commit_shards([], str(tmp_path / "out"), "y")  # no part: one empty shard says so
+    assert (tmp_path / "out" / "y-00000-of-00001").read_text() == ""
 
 
 def _records(path: str, count: int) -> list[bytes]:
