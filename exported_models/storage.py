@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import glob as local_glob
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,8 @@ STORES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 RETRIES = 2
+# The clients' own loggers: each retry, fallback and traceback of theirs, on every poll of a store that is away.
+CLIENT_LOGGERS = ("gcsfs", "s3fs", "adlfs", "fsspec", "aiobotocore", "botocore", "azure")
 # Environment variables whose values never appear in a message (a connection string carries its key too).
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY",
                     "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET", "AZURE_CLIENT_SECRET",
@@ -130,6 +133,9 @@ def _filesystem(name: str, pid: int) -> Any:
 
     require(f"{name}://")
     module = STORES.get(name, ("", ""))[0]
+    if not logging.getLogger().isEnabledFor(logging.INFO):  # quiet unless asked (petal -v): what fails is said
+        for client in CLIENT_LOGGERS:                         # once, in one line, by whoever called
+            logging.getLogger(client).setLevel(logging.CRITICAL)
     try:
         cls = fsspec.get_filesystem_class(name)
     except (ImportError, ValueError) as error:

@@ -9,6 +9,7 @@ no request to the loaded version, is said once and shown by a metric, and once b
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -197,6 +198,8 @@ def not_ready_line(url: str, env: dict[str, str], cache, never: str = "") -> str
     text = first_screen("--model_name=flowers", f"--model_base_path={url}", f"--model_cache_dir={cache}", env=env,
                         until="not ready:")
     assert "Traceback" not in text and (not never or never not in text)
+    loggers = {json.loads(line)["logger"] for line in text.splitlines() if line.startswith("{")}
+    assert all(logger.startswith(("serving.", "petal.")) for logger in loggers), loggers  # no client's own chatter
     return next(line for line in text.splitlines() if line.startswith("not ready:"))
 
 
