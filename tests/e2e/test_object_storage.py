@@ -165,16 +165,24 @@ def test_two_workers_download_each_version_once(s3_store, tmp_path):
     assert len(gets) == 1, s3_store.log()[-3000:]
 
 
-def test_a_model_config_file_in_a_bucket_names_models_in_the_bucket(s3_store, tmp_path):
+def test_a_model_config_file_in_a_bucket_names_models_in_the_bucket_and_is_polled_there(s3_store, tmp_path):
     s3_store.create_bucket("configs")
     url = s3_store.url("configs", "flowers")
     upload_version(s3_store, url, 1)
-    s3_store.put(s3_store.url("configs", "models.config"),
-                 f'model_config_list {{ config {{ name: "flowers" base_path: "{url}" '
-                 f'model_platform: "tensorflow" }} }}'.encode())
-    with run_server(f"--model_config_file={s3_store.url('configs', 'models.config')}",
+    config = s3_store.url("configs", "models.config")
+
+    def publish(*names: str) -> None:
+        entries = "".join(f'config {{ name: "{name}" base_path: "{url}" model_platform: "tensorflow" }} '
+                          for name in names)
+        s3_store.put(config, f"model_config_list {{ {entries}}}".encode())
+
+    publish("flowers")
+    with run_server(f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
                     f"--model_cache_dir={tmp_path / 'cache'}", env=s3_store.env) as server:
         assert classify(server) == 1
+        publish("flowers", "daisies")
+        wait_for(lambda: requests.get(f"{server.rest_url}/v1/models/daisies", timeout=10).status_code == 200,
+                 "the model the edited config file adds")
 
 
 def first_screen(*flags: str, env: dict[str, str], until: str) -> str:
