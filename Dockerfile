@@ -42,7 +42,7 @@ print('\n'.join(d for d in deps if not d.startswith('petal')))" > /tmp/petal/req
 FROM dependencies AS build
 WORKDIR /src
 COPY pyproject.toml README.md petal.py ./
-COPY exported_models/__init__.py exported_models/model_format.py exported_models/
+COPY exported_models/__init__.py exported_models/model_format.py exported_models/storage.py exported_models/
 COPY exported_models/flowers exported_models/flowers
 COPY training training
 COPY serving serving

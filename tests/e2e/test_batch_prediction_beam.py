@@ -247,14 +247,19 @@ def test_an_image_over_max_image_pixels_is_an_error_row_and_never_decoded(model_
     assert "--max_image_pixels must be at least 1" in capsys.readouterr().err
 
 
-def _group(pgid: int) -> list[str]:
-    """The command lines of the processes in a process group."""
+def _group(pgid: int, mapping: str = "") -> list[str]:
+    """The command lines of the processes in a process group (with `mapping`, of those that have a file whose path
+    holds it mapped: a library they have loaded)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
                     continue
+            if mapping:
+                with open(f"/proc/{pid}/maps") as f:
+                    if mapping not in f.read():
+                        continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
         except (OSError, IndexError, ValueError):
@@ -278,8 +283,11 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_worker(mode, model_dir, input
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a background CI shell
     try:
         deadline = time.monotonic() + 120
-        # running: the workers are up (each a Python under a shell), or the job has made its output folder
-        while not (sum("sdk_worker_main" in c for c in _group(job.pid)) >= 2 if workers else output.exists()):
+        # running: the workers are up and past their imports (each a Python under a shell, TensorFlow loaded: a
+        # Ctrl-C in the middle of a worker's import of Beam is printed by it as it dies before the job, on a loaded
+        # machine not yet scheduled, has taken the signal), or the job has made its output folder
+        while not (sum("sdk_worker_main" in c for c in _group(job.pid, "libtensorflow_framework")) >= 2 if workers
+                   else output.exists()):
             assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
             time.sleep(0.05)
         time.sleep(1.5)
