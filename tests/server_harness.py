@@ -88,10 +88,12 @@ def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_r
 
 def access_lines(server: Server, until: Callable[[list[dict]], bool], timeout_s: float = 30.0) -> list[dict]:
     """The server's access-log records once `until` holds for them. A worker's stderr reaches the log through the
-    master's relay, after the response has gone, so a line read at once can still be on its way."""
+    master's relay, after the response has gone, so a line read at once can still be on its way, or half written:
+    only whole lines (their newline written) are read."""
     deadline = time.monotonic() + timeout_s
     while True:
-        records = (json.loads(line) for line in server.log().splitlines() if line.startswith("{"))
+        records = (json.loads(line) for line in server.log().splitlines(keepends=True)
+                   if line.startswith("{") and line.endswith("\n"))
         lines = [entry for entry in records if entry.get("logger") == "petal.access"]
         if until(lines) or time.monotonic() > deadline:
             return lines
