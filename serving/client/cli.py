@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
 from serving.client import TOKEN_ENV, Client, PetalError, Prediction, RequestError, Security
+from serving.tensorflow_logs import import_tensorflow
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -96,7 +97,8 @@ def main(argv: list[str]) -> int:
         if args.server:
             results = predict_remote(images, args)
         else:
-            from serving.client.local import predict_in_process  # TensorFlow: only for the in-process path
+            import_tensorflow()  # only for the in-process path, and first, without its start-up lines
+            from serving.client.local import predict_in_process
 
             results = predict_in_process(images, args.model_base_path, args.top_k)
     except FileNotFoundError as err:

@@ -1,5 +1,6 @@
 """`petal predict` without --server: the exported SavedModel in this process, the only part of the client that
-loads TensorFlow (a client that sends a REST request need not spend seconds and hundreds of MB on it)."""
+loads TensorFlow (a client that sends a REST request need not spend seconds and hundreds of MB on it). Its
+importer imports TensorFlow first (serving.tensorflow_logs), as the core it imports loads it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,13 +9,11 @@ from exported_models.model_format import LABELS_ASSET, latest_version, read_labe
 from serving.client import Prediction, from_pairs
 from serving.core.errors import op_error_message
 from serving.core.images import top_k as top_k_pairs
-from serving.tensorflow_logs import import_tensorflow
 
 
 def predict_in_process(images: Sequence[bytes], model_dir: str, top_k: int) -> list[Prediction | str]:
     """Each image through the SavedModel's serving_default, as a server runs it; an undecodable image gives its
     error message."""
-    import_tensorflow()
     import tensorflow as tf
 
     path = latest_version(model_dir)
