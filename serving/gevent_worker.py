@@ -13,8 +13,9 @@ greenlet and a socket instead of one of a fixed number of threads. Three changes
   gunicorn's own `keepalive` closes idle connections.
 - At --max_connections, a new connection takes the place of the one that has waited longest for a next request, as
   nginx does when its connections run out (ngx_drain_connections), so idle sockets cannot hold the port; when every
-  connection is in a request, the new one is answered 503 with Retry-After and closed, instead of waiting unseen in
-  the kernel's backlog.
+  connection is in a request, one of an address holding more connections than the new one's is cut (a request
+  still arriving, the oldest), so one peer's many connections cannot keep others out; failing that the new one is
+  answered 503 with Retry-After and closed, instead of waiting unseen in the kernel's backlog.
 
 With --ssl_config_file the worker does TLS itself rather than through gunicorn's `certfile`: gevent's server
 would complete each handshake before `handle()` runs, with no deadline and outside --max_connections. Here the
@@ -27,9 +28,9 @@ import asyncio
 import errno
 import json
 import logging
-import math
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from gevent import Timeout, monkey
@@ -81,11 +82,13 @@ class DeadlineSocket:
     gunicorn writes the header block and the body separately. Each send releases the GIL, and getting it back on a
     busy worker means waiting for a batch thread's Python, so one write instead of two is a wait fewer per request
     (and one packet instead of two)."""
-    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held", "_idle_since", "request")
+    __slots__ = ("_sock", "_deadline", "_phase", "_header_s", "_body_s", "_hold", "_held", "_idle_since", "request",
+                 "peer")
     _deadline: float | None  # None: the next request's first byte has not arrived
 
-    def __init__(self, sock, header_s: float, body_s: float):
+    def __init__(self, sock, header_s: float, body_s: float, peer: str = ""):
         self._sock = sock
+        self.peer = peer  # the client's address, shared by all its connections
         self._header_s, self._body_s = header_s, body_s
         self._hold, self._held = False, b""
         self.request: Any = None  # gunicorn's request being answered on this connection, if one is
@@ -102,6 +105,20 @@ class DeadlineSocket:
         """When the connection began to wait for a next request of which no byte has arrived; None once one has (a
         head that trickles in is bounded by --request_header_timeout instead) and while a request is served."""
         return self._idle_since if self._deadline is None else None
+
+    def unanswered(self) -> tuple[bool, float] | None:
+        """For a request of which no answer has been written: whether its body has begun (its head is complete),
+        and when its current phase began; None while the connection is idle or an answer is being written."""
+        if self._deadline is None or (self._phase == "body" and not self._hold):
+            return None
+        return self._phase == "body", self._deadline - (self._header_s if self._phase == "headers" else self._body_s)
+
+    def cut(self) -> None:
+        """Close the connection now, whatever it is doing (gunicorn's handler sees the end of input and finishes)."""
+        try:
+            self._sock.shutdown(gsocket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close_when_idle(self) -> None:
         """End a keep-alive connection once it has no request: at once if it waits for a next one none of which has
@@ -247,7 +264,8 @@ class PetalGeventWorker(GeventWorker):
         self._tls = tls_context(*self.petal_tls) if self.petal_tls else None
 
     def handle(self, listener, client, addr) -> None:
-        if self._open >= self.petal_max_connections and not self.close_longest_idle():
+        peer = addr[0] if isinstance(addr, tuple) and addr else str(addr)
+        if self._open >= self.petal_max_connections and not self.make_room(peer):
             self.refuse(client)
             return
         self._open += 1
@@ -257,7 +275,7 @@ class PetalGeventWorker(GeventWorker):
                 client = self.handshake(client, addr)
                 if client is None:
                     return
-            sock = DeadlineSocket(client, self.petal_header_timeout, self.petal_body_timeout)
+            sock = DeadlineSocket(client, self.petal_header_timeout, self.petal_body_timeout, peer)
             self._clients.add(sock)
             try:
                 super().handle(listener, sock, addr)
@@ -266,21 +284,38 @@ class PetalGeventWorker(GeventWorker):
         finally:
             self._open -= 1
 
-    def close_longest_idle(self) -> bool:
-        """Make room for a new connection by closing the one that has waited longest for a next request, which
-        HTTP/1.1 allows at any time (a client resends a request whose keep-alive connection closed under it); False
-        when every connection has a request arriving or being served, none of which is ever cut. The closed one
-        leaves `_clients` at once, so the next arrival closes another, and `_open` when its handler has seen the
-        end of input and finished, on the loop's next turn."""
-        longest, since = None, math.inf
-        for sock in self._clients:
-            idle_since = sock.idle_since()
-            if idle_since is not None and idle_since < since:
-                longest, since = sock, idle_since
-        if longest is None:
+    def make_room(self, peer: str) -> bool:
+        """Make room for a new connection from `peer`. First by closing the connection that has waited longest for a
+        next request, which HTTP/1.1 allows at any time (a client resends a request whose keep-alive connection
+        closed under it): of the address that holds the most connections if that holds more than `peer` does, else
+        of any address holding as many as `peer` (a peer with many never closes the one of a client with fewer).
+        Failing that, by cutting a connection of that greediest address whose request is unanswered, a head
+        still arriving first (a slow-loris's), the oldest first: so a client that opens --max_connections
+        connections and trickles requests on all of them cannot keep another client out. False when every
+        connection has a request arriving or being served and no address holds more than `peer`: one address
+        alone, or several holding as many, still meet the 503. The closed one leaves `_clients` at once, so the
+        next arrival closes another, and `_open` when its handler has seen the end of input and finished, on the
+        loop's next turn."""
+        held = Counter(sock.peer for sock in self._clients)
+        top = max(held, key=held.__getitem__, default=None)
+        greediest = top if top is not None and held[top] > held[peer] else None
+        idle = [(since, sock) for sock in self._clients
+                if (since := sock.idle_since()) is not None and held[sock.peer] >= held[peer]]
+        idle = [pair for pair in idle if pair[1].peer == greediest] or idle
+        if idle:
+            longest = min(idle, key=lambda pair: pair[0])[1]
+            self._clients.discard(longest)
+            longest.close_when_idle()
+            return True
+        unanswered = [(state, sock) for sock in self._clients if sock.peer == greediest
+                      and (state := sock.unanswered()) is not None]
+        if not unanswered:
             return False
-        self._clients.discard(longest)
-        longest.close_when_idle()
+        oldest = min(unanswered, key=lambda pair: pair[0])[1]
+        self._clients.discard(oldest)
+        oldest.cut()
+        logger.info("connection cut for a fairer share", extra={"fields": {"peer": oldest.peer,
+                                                                           "connections": held[oldest.peer]}})
         return True
 
     def close_idle_connections(self) -> None:

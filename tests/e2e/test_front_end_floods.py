@@ -1,5 +1,6 @@
 """Floods that cost an attacker sockets but no bandwidth, against a real `petal serve` (gevent front end): idle
-connections at --max_connections make room for new ones (only connections all in a request get the 503), and
+connections at --max_connections make room for new ones (only connections all in a request get the 503, and not
+from another address than the peer holding the most), and
 declared but unsent bodies hold none of the memory budget (docs/security.md)."""
 import http.client
 import socket
@@ -8,6 +9,7 @@ import time
 import pytest
 import requests
 
+from load_tests.peer_attacks import Attack, NormalRest, slow_heads
 from server_harness import memory_held, predict_body, rest_address, run_server, tiny_model_base
 
 MAX_CONNECTIONS = 20
@@ -133,3 +135,19 @@ def test_declared_bodies_that_do_not_arrive_hold_none_of_the_memory_budget(serve
     while memory_held(server)["bodies"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert memory_held(server)["bodies"] == 0
+
+
+def test_one_peer_holding_every_connection_cannot_keep_another_out(server):
+    """A peer (127.0.0.2) opens --max_connections connections and trickles a request head on each, within its
+    deadline: a client from another address (127.0.0.1) has each of its predictions answered, every one taking the
+    place of one of the peer's heads (until 2026-12-07 they were all refused 503 for as long as the peer kept on).
+    From the peer's own address a new connection still meets the 503 (the test above)."""
+    attack = Attack(f"127.0.0.1:{rest_address(server)[1]}", slow_heads, MAX_CONNECTIONS)
+    try:
+        time.sleep(1.0)  # every connection of the peer open and in its head
+        normal = NormalRest(server.rest_url + "/v1/models/flowers:predict", predict_body(), deadline_s=5)
+        calls = normal.calls(2.0)
+        normal.close()
+    finally:
+        attack.end()
+    assert calls.ok == len(calls.results) > 0, calls.summary()

@@ -20,6 +20,7 @@ from serving.core import ServingError, deadline_exceeded, invalid, unavailable
 from serving.memory import BODY_BYTES_FACTOR
 from serving.protocols import access_log, auth
 from serving.protocols.grpc_api.common import CALL_HOLD, GRPC_STATUS, deadline_of
+from serving.protocols.grpc_api.shares import HOLDING, PARKED, REFUSED, Claim, Shares, peer_of
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,11 @@ CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfi
 # A call whose message is late ends as one past its deadline does (REST answers 408 Request Timeout).
 LATE = grpc.StatusCode.DEADLINE_EXCEEDED
 IDLE_WAKE_S = 1.0  # the watchdog's sleep while it watches nothing
+BUSY_DETAILS = "Every receive slot is busy with other requests' messages; retry shortly"
+REFUSED_DETAILS = ("Every receive slot, and every place in the queue for one, is taken by clients that hold no more "
+                   "than this one's connection and address do; retry shortly")
+CUT_DETAILS = ("This call's receive slot, or its place in the queue for one, went to a client holding fewer: this "
+               "connection or address held more than its share of the worker's while its messages did not arrive")
 
 
 class Received:
@@ -46,21 +52,39 @@ class Received:
 
 
 class Lease:
-    """What a call holds while its message is received: a receive slot and a reservation of the budget for the
-    largest message. Given back once, by whichever comes first: the deserializer, as the message is complete; the
-    `Watchdog`, as the message is late (`late`); the thread that served the call, as it ends; or grpcio dropping a
-    call whose message never came (a call cancelled before it sent one).
+    """What a call holds while its message is received: its claim on a receive slot (serving/protocols/grpc_api/
+    shares.py) and a reservation of the budget for the largest message. Given back once, by whichever comes first:
+    the deserializer, as the message is complete; the `Watchdog`, as the message is late (`late`); the thread that
+    served the call, as it ends; a fairer share taking the slot; or grpcio dropping a call whose message never came
+    (a call cancelled before it sent one).
 
     An answer grpcio has taken and the client not yet read is held as a lease without a slot (`Gate.sending`)."""
-    __slots__ = ("slot", "reservation", "held", "deadline", "end", "late", "watchdog")
+    __slots__ = ("slot", "reserved", "held", "deadline", "end", "late", "watchdog")
 
-    def __init__(self, slot: threading.BoundedSemaphore | None, reservation: Any):
-        self.slot, self.reservation = slot, reservation
+    def __init__(self, slot: Claim | None, reservation: Any = None):
+        self.slot = slot
+        self.reserved = [] if reservation is None else [reservation]
         self.held = [True]  # popped by whoever gives the lease back: list.pop is atomic, so that happens once
         self.deadline = math.inf  # while watched: when its message is late, and `end` ends the call
         self.end: Callable[[], Any] | None = None
         self.late = False
         self.watchdog: Watchdog | None = None
+
+    def keep(self, reservation: Any) -> bool:
+        """Add the reservation taken once the slot came; False (and it is given back) if the lease went meanwhile."""
+        self.reserved.append(reservation)
+        if self.held:
+            return True
+        self._give_reservations()
+        return False
+
+    def _give_reservations(self) -> None:
+        while True:
+            try:
+                reservation = self.reserved.pop()  # atomic: each is given back once, by whichever thread pops it
+            except IndexError:
+                return
+            reservation.release()
 
     def release(self) -> bool:
         """Give the slot and the reservation back unless that is done; True if this call did it."""
@@ -73,8 +97,7 @@ class Lease:
         self.end = None
         if self.watchdog is not None:
             self.watchdog.leases.pop(self, None)
-        if self.reservation is not None:
-            self.reservation.release()
+        self._give_reservations()
         if self.slot is not None:
             self.slot.release()
         return True
@@ -134,82 +157,133 @@ class Watchdog:
 
 
 class Starter(futures.ThreadPoolExecutor):
-    """How the gate learns the call behind its handler, to end it when its message is late: grpcio runs a method on
-    the method's own `experimental_thread_pool` when it has one, handing that pool its call event. This pool runs
-    nothing itself. A call leased as it arrived (`receive_first`) has its message asked for at once, on grpcio's
-    polling thread, and goes to the server's pool only once the message is in: grpcio's own way has a pool thread
-    ask for it and sleep until the polling thread hands it over (3 to 7 more thread switches a call, measured in
-    docs/performance.md, 'gRPC's message received before a thread takes the call'). Any other call
-    (one that waits for a receive slot) goes to the server's pool at once, and asks for its message there. Either
-    way the call and the time are noted as its message is asked for, the lease taken as the call arrived is
-    watched from then, and once the call is served a lease still held (its message never came) is given back.
-    Without the call (a grpcio that no longer hands it over, or whose polling internals `_receiving` does not
-    know) a late call's lease still goes back, its message is asked for on the pool thread as before, and a call
-    waiting for a slot is cancelled through its context."""
+    """How a call of the server's pool starts: grpcio runs a method on the method's own `experimental_thread_pool`
+    when it has one, handing that pool its call event, on grpcio's polling thread as the call arrives. This pool
+    runs nothing itself: it learns the call and its peer, and claims a receive slot for it in the gate's `Shares`
+    (a fair share for every peer address and connection). A call that gets one has its message asked for at once,
+    on the polling thread, and goes to the server's pool only once the message is in: grpcio's own way has a pool
+    thread ask for it and sleep until the polling thread hands it over (3 to 7 more thread switches a call,
+    measured in docs/performance.md, 'gRPC's message received before a thread takes the call'). A call that waits
+    for a slot holds no thread meanwhile, and one that finds neither a slot nor room to wait is refused
+    RESOURCE_EXHAUSTED at once. Its lease is watched from its arrival: past --request_body_timeout a call still
+    waiting is answered UNAVAILABLE, one still receiving DEADLINE_EXCEEDED; a call whose slot a fairer share takes
+    is ended RESOURCE_EXHAUSTED. Once the call is served a lease still held (its message never came) is given back.
+    With a grpcio whose polling internals `_receiving` does not know, the message is asked for on the pool thread,
+    once the call has its slot."""
 
-    def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None,
-                 receive_first: bool = False) -> None:  # a pool without threads
-        self.gate, self.leased, self.logged, self.receive_first = gate, leased, logged, receive_first
+    def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None) -> None:  # a pool without threads
+        self.gate, self.leased, self.logged = gate, leased, logged
         self.call: Any = None  # grpcio's call (cygrpc.Call), whose cancel() can end it with a status
-        self.context: grpc.ServicerContext | None = None  # a waiting call's, once it runs
         self.started = time.monotonic()
-        self.late = False
+        self.ended: grpc.StatusCode | None = None  # how the gate ended the call before it was served
+        self.receiving = False
+        self.served: futures.Future[Any] = futures.Future()
+        self.run_args: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
-        pool = self.gate.pool
-        assert pool is not None
-        if not self.receive_first or _RECEIVE is None or len(args) != 7:
-            return pool.submit(self.run, fn, args, kwargs, True)
-        self.begin(args)
-        served: futures.Future[Any] = futures.Future()
-        served.set_running_or_notify_cancel()
-
-        def run(request: Callable[[], Any]) -> None:
-            """On the polling thread, as the message is in: the call goes to a pool thread with it."""
-            try:
-                done = pool.submit(self.run, fn, (*args[:4], request, *args[5:]), kwargs, False)
-            except RuntimeError as error:  # the server is stopping: its pool takes nothing more
-                served.set_exception(error)
-                return
-            done.add_done_callback(lambda ran: _settle(served, ran))
-        _receiving(args[1], args[2], args[5], run)
-        return served
-
-    def begin(self, args: tuple[Any, ...]) -> None:
-        """Note the call and the time as its message is asked for, and watch the lease taken as it arrived."""
         self.started = time.monotonic()
         self.call = next((event.call for event in args if hasattr(getattr(event, "call", None), "cancel")), None)
-        for lease in self.leased:
-            self.gate.watchdog.watch(lease, self.started + self.gate.receive_wait, self.end)
+        self.run_args = (fn, args, kwargs)
+        self.served.set_running_or_notify_cancel()
+        peer = self.call.peer() if self.call is not None else b""
+        claim = Claim(*peer_of(peer.decode(errors="replace") if isinstance(peer, bytes) else str(peer)),
+                      granted=self.granted, cut=self.cut)
+        lease = Lease(claim)
+        self.leased.append(lease)
+        state = self.gate.shares.claim(claim)
+        if state == REFUSED:
+            lease.release()
+            self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, REFUSED_DETAILS)
+            return self.served
+        self.gate.watchdog.watch(lease, self.started + self.gate.receive_wait, self.expire)
+        if state == HOLDING:
+            self.granted()
+        return self.served
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], begin: bool) -> Any:
-        if begin:
-            self.begin(args)
+    def granted(self) -> None:
+        """The call has its slot: reserve the budget for its message (UNAVAILABLE when it has no room) and ask for
+        the message."""
+        lease = self.leased[0]
+        if not lease.held:
+            return
+        try:
+            reservation = self.gate.hold(self.gate.reserve)
+        except ServingError as err:
+            lease.release()
+            self.stop(GRPC_STATUS[err.code], err.message)
+            return
+        if not lease.keep(reservation):
+            return
+        self.receiving = True
+        assert self.run_args is not None
+        fn, args, kwargs = self.run_args
+        if _RECEIVE is None or len(args) != 7:
+            self.start(fn, args, kwargs)
+        else:
+            _receiving(args[1], args[2], args[5], lambda request: self.start(fn, (*args[:4], request, *args[5:]),
+                                                                            kwargs))
+
+    def start(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The call goes to a thread of the server's pool."""
+        pool = self.gate.pool
+        assert pool is not None
+        try:
+            done = pool.submit(self.run, fn, args, kwargs)
+        except RuntimeError as error:  # the server is stopping: its pool takes nothing more
+            _settle(self.served, error=error)
+            return
+        done.add_done_callback(lambda ran: _settle(self.served, ran))
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
             for lease in self.leased:
                 lease.release()
-            if self.late and self.logged is not None:
-                self.logged.late(self.call, self.started)
+            if self.ended is not None and self.logged is not None:
+                self.logged.ended(self.call, self.started, self.ended)
 
-    def end(self) -> None:
-        """End the call whose message is late, as a call past its deadline ends."""
-        self.late = True
+    def expire(self) -> None:
+        """Past --request_body_timeout of the call's start (its lease given back already)."""
+        if self.receiving:
+            self.end(LATE, self.gate.late_details)
+        else:
+            self.stop(grpc.StatusCode.UNAVAILABLE, BUSY_DETAILS)
+
+    def cut(self) -> None:
+        """A fairer share took this call's slot, or its place in the queue for one."""
+        self.leased[0].release()
+        if self.receiving:
+            self.end(grpc.StatusCode.RESOURCE_EXHAUSTED, CUT_DETAILS)
+        else:
+            self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, CUT_DETAILS)
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        """End a call whose message has been asked for: grpcio then hands its thread no message, and it ends."""
+        self.ended = code
         if self.call is not None:
-            self.call.cancel(LATE.value[0], self.gate.late_details)
-        elif self.context is not None:
-            self.context.cancel()
+            self.call.cancel(code.value[0], details)
+
+    def stop(self, code: grpc.StatusCode, details: str) -> None:
+        """End a call whose message was never asked for: it takes no thread."""
+        self.end(code, details)
+        if self.logged is not None:
+            self.logged.ended(self.call, self.started, code)
+        _settle(self.served)
 
 
-def _settle(served: futures.Future[Any], ran: futures.Future[Any]) -> None:
-    """End the future grpcio was given for a call once its pool thread is done: grpcio counts the call against
-    --grpc_max_threads' bound (server.max_calls) until then."""
-    error = ran.exception()
-    if error is None:
-        served.set_result(ran.result())
-    else:
-        served.set_exception(error)
+def _settle(served: futures.Future[Any], ran: futures.Future[Any] | None = None,
+            error: BaseException | None = None) -> None:
+    """End the future grpcio was given for a call (once): grpcio counts the call against its bound
+    (server.max_calls) until then."""
+    error = ran.exception() if ran is not None else error
+    try:
+        if error is None:
+            served.set_result(ran.result() if ran is not None else None)
+        else:
+            served.set_exception(error)
+    except futures.InvalidStateError:  # ended by the gate already
+        pass
 
 
 def _grpcio_receiving() -> Any:
@@ -277,28 +351,29 @@ class Gate(grpc.ServerInterceptor):
     over, before it is parsed (BODY_BYTES_FACTOR a byte, as over REST), and held until the call ends: when the
     budget is full the call is answered UNAVAILABLE (as TF Serving answers a full batch queue: a retryable overload,
     not a client's quota) without a parsed copy ever being made. A unary call's message is received as soon as the
-    call arrives (`Starter`, on grpcio's polling thread), so at most `receivers` messages are received at a time,
-    each under a `Lease`: a receive slot and a reservation of `reserve` bytes (the largest message) of the budget,
-    so a call the budget has no room for is refused before its message is read. A call that finds a slot and room as
-    it arrives is served as the unary call it is (`grpc.unary_unary_rpc_method_handler`, grpcio's shortest path);
-    one that does not is served as a stream-unary call, which receives its message only when asked: it waits for a
-    slot and is answered UNAVAILABLE if none frees in time, while the others' streams are held to HTTP/2's initial
-    window (BDP probing off, see server.py). Either way a call's message must be complete within `receive_wait`
-    seconds (--request_body_timeout, as a REST body's) of its being asked for, waiting for a slot included: past
-    that the `Watchdog` gives its lease back, so the slot passes at once to a call waiting for one, and ends the
-    call DEADLINE_EXCEEDED (learning the call through `Starter`, given the server's `pool`). A client that sends
-    slowly or stalls thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and
+    call arrives, so at most `receivers` messages are received at a time, each under a `Lease`: a receive slot and a
+    reservation of `reserve` bytes (the largest message) of the budget, so a call the budget has no room for is
+    refused before its message is read. Given the server's `pool`, every call starts through its `Starter`, which
+    learns its peer: the slots, and up to `waiting` places in the queue for one, are shared fairly between peer
+    addresses and their connections (shares.py), a call waits for a slot without a thread, and the others' streams
+    are held to HTTP/2's initial window meanwhile (BDP probing off, see server.py). Without a pool (in-process
+    callers), a call that finds a slot and room as it arrives is served as the unary call it is, and one that does
+    not as a stream-unary call, which waits for a slot on its thread. Either way a call's message must be complete
+    within `receive_wait` seconds (--request_body_timeout, as a REST body's) of the call's start, waiting for a slot
+    included: past that the `Watchdog` gives its lease back, so the slot passes at once to a call waiting for one,
+    and ends the call (DEADLINE_EXCEEDED; UNAVAILABLE if it never had a slot). A client that sends slowly or stalls
+    thus delays the others by at most that. Probes (grpc.health.v1, V2's ServerLive and
     ServerReady) pass untouched: tiny, open to all, and never to be refused by a busy budget. With --access_log,
     every call leaves a line. Only unary calls are gated: TF Serving's services have no others, and V2's one stream
     (ModelStreamInfer), which answers UNIMPLEMENTED, has its token checked alone."""
 
     def __init__(self, authenticator: auth.Authenticator, log_requests: bool, hold: Callable[[int], Any],
-                 receivers: int, reserve: int, receive_wait: float, pool: futures.ThreadPoolExecutor | None = None
-                 ) -> None:
+                 receivers: int, reserve: int, receive_wait: float, pool: futures.ThreadPoolExecutor | None = None,
+                 waiting: int = 64) -> None:
         self.authenticator = authenticator
         self.log_requests = log_requests
         self.hold = hold  # the worker's MemoryBudget.hold
-        self.receiving = threading.BoundedSemaphore(receivers)
+        self.shares = Shares(receivers, waiting)
         self.reserve = reserve
         self.receive_wait = receive_wait
         self.late_details = (f"The request message did not arrive in time: it must be complete within "
@@ -368,24 +443,24 @@ class Gate(grpc.ServerInterceptor):
             refused = Received(0, error=refusal)
             return grpc.stream_unary_rpc_method_handler(lambda _messages, context: call(refused, context),
                                                         response_serializer=handler.response_serializer)
+        if self.pool is not None:
+            return grpc.unary_unary_rpc_method_handler(Method(call, Starter(self, leased, logged)),
+                                                       request_deserializer=deserialize,
+                                                       response_serializer=handler.response_serializer)
         lease = self.lease_now()
         if lease is not None:
             leased.append(lease)
-            first = Starter(self, leased, logged, receive_first=True) if self.pool is not None else None
-            return grpc.unary_unary_rpc_method_handler(call if first is None else Method(call, first),
-                                                       request_deserializer=deserialize,
+            return grpc.unary_unary_rpc_method_handler(call, request_deserializer=deserialize,
                                                        response_serializer=handler.response_serializer)
-        starter = Starter(self, leased, logged) if self.pool is not None else None
 
         def queued(messages: Iterator[Received], context: grpc.ServicerContext) -> Any:
             try:
-                received = self.receive(messages, context, leased, starter)
+                received = self.receive(messages, context, leased)
             except ServingError as err:
                 received = Received(0, error=err)
             return call(received, context)
 
-        return grpc.stream_unary_rpc_method_handler(queued if starter is None else Method(queued, starter),
-                                                    request_deserializer=deserialize,
+        return grpc.stream_unary_rpc_method_handler(queued, request_deserializer=deserialize,
                                                     response_serializer=handler.response_serializer)
 
     def sending(self, response: Any, context: grpc.ServicerContext) -> None:
@@ -410,35 +485,35 @@ class Gate(grpc.ServerInterceptor):
 
     def lease_now(self) -> Lease | None:
         """A lease for a call as it arrives, if a slot is free and the budget has room; None otherwise."""
-        if not self.receiving.acquire(blocking=False):
+        claim = Claim("", "")
+        if self.shares.claim(claim, park=False) != HOLDING:
             return None
         try:
-            return Lease(self.receiving, self.hold(self.reserve))
+            return Lease(claim, self.hold(self.reserve))
         except ServingError:
-            self.receiving.release()
+            claim.release()
             return None
 
-    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, leased: list[Lease],
-                starter: Starter | None) -> Received:
-        """The call's one message, received under a lease that waits for a slot: UNAVAILABLE when the budget has
-        no room for the message or no slot frees in time, DEADLINE_EXCEEDED when the message is late."""
-        started = time.monotonic() if starter is None else starter.started
-        late_at = started + self.receive_wait
+    def receive(self, messages: Iterator[Received], context: grpc.ServicerContext, leased: list[Lease]) -> Received:
+        """The call's one message, received under a lease that waits for a slot on this thread: UNAVAILABLE when
+        the budget has no room for the message or no slot frees in time, DEADLINE_EXCEEDED when the message is
+        late."""
+        late_at = time.monotonic() + self.receive_wait
         remaining = threads.timeout_until(deadline_of(context))
         wait = max(0.0, late_at - time.monotonic())
-        if not self.receiving.acquire(timeout=wait if remaining is None else min(remaining, wait)):
-            if remaining is not None and remaining <= wait:
-                raise deadline_exceeded("Deadline exceeded waiting to receive the request")
-            raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
-        lease = Lease(self.receiving, None)
+        slot = threading.Event()
+        claim = Claim("", "", granted=slot.set, cut=slot.set)
+        lease = Lease(claim)
         try:
-            if time.monotonic() >= late_at:  # a slot came, but no time to receive in: it passes on
-                raise unavailable("Every receive slot is busy with other requests' messages; retry shortly")
-            lease.reservation = self.hold(self.reserve)
+            limit = wait if remaining is None else min(remaining, wait)
+            if self.shares.claim(claim) == PARKED and not slot.wait(limit) and claim.state != HOLDING \
+                    and remaining is not None and remaining <= wait:
+                raise deadline_exceeded("Deadline exceeded waiting to receive the request")
+            if claim.state != HOLDING or time.monotonic() >= late_at:  # no slot, or no time left to receive in
+                raise unavailable(BUSY_DETAILS)
+            lease.keep(self.hold(self.reserve))
             leased.append(lease)
-            if starter is not None:
-                starter.context = context
-            self.watchdog.watch(lease, late_at, getattr(context, "cancel", None) if starter is None else starter.end)
+            self.watchdog.watch(lease, late_at, getattr(context, "cancel", None))
             try:
                 received = next(messages, None)
             except grpc.RpcError:  # the call was cancelled: by the watchdog, or by its client
@@ -480,12 +555,12 @@ class Logged:
                        response.ByteSize() if response is not None else 0, context.peer(),
                        time.perf_counter() - started)
 
-    def late(self, call: Any, started: float) -> None:
-        """The line of a call the watchdog ended before its message came (`started`: time.monotonic())."""
+    def ended(self, call: Any, started: float, status: grpc.StatusCode) -> None:
+        """The line of a call the gate ended before it ran (`started`: time.monotonic())."""
         if not self.written:
             peer = call.peer() if call is not None else b""
-            self.write(None, None, LATE.name, 0, 0, peer.decode(errors="replace") if isinstance(peer, bytes) else peer,
-                       time.monotonic() - started)
+            remote = peer.decode(errors="replace") if isinstance(peer, bytes) else peer
+            self.write(None, None, status.name, 0, 0, remote, time.monotonic() - started)
 
     def write(self, model: str | None, version: Any, status: str, bytes_in: int, bytes_out: int, remote: str,
               seconds: float) -> None:

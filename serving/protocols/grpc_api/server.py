@@ -55,14 +55,20 @@ def server_credentials(tls: TLSOptions) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_verify)
 
 
+def waiting(protocols: ProtocolOptions) -> int:
+    """How many calls may wait for a receive slot, holding no thread: as many as twice the threads, so a call that
+    gets a place waits at most --request_body_timeout for a slot (and its peer shares the places fairly)."""
+    return 2 * protocols.grpc_max_threads
+
+
 def gate(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions,
          pool: futures.ThreadPoolExecutor | None = None) -> Gate:
     """The interceptor every call of this worker's server passes (`pool`: the server's, through which the gate
-    learns each call, to end one whose message is late)."""
+    learns each call and its peer, to share the receive slots fairly and end a call whose message is late)."""
     return Gate(auth.Authenticator(security.tokens, security.enable_model_control), protocols.access_log,
                 dataplane.memory.hold, receivers(dataplane.memory.body_limit, protocols),
                 min(protocols.grpc_max_message_bytes, dataplane.memory.body_limit), protocols.request_body_timeout,
-                pool)
+                pool, waiting(protocols))
 
 
 def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
@@ -87,13 +93,13 @@ def channel_options(protocols: ProtocolOptions) -> list[tuple[str, int | str]]:
     return [option for option in options if option[0] not in keys] + given
 
 
-def max_calls(protocols: ProtocolOptions) -> int:
-    """The calls a worker takes at once, running or queued for a thread; past it grpc answers RESOURCE_EXHAUSTED at
-    once. A call that waits for a receive slot holds its thread until its message is complete (one with a slot takes
-    a thread only once its message is in), --request_body_timeout at most, so with no more queued than there are
-    threads a call waits at most that long however many stall ahead of it. Unbounded, a few connections of
-    message-less calls kept the queue ahead of every other call longer than its deadline."""
-    return 2 * protocols.grpc_max_threads
+def max_calls(protocols: ProtocolOptions, receive_slots: int) -> int:
+    """The calls a worker takes at once; past it grpc answers RESOURCE_EXHAUSTED at once. Calls whose message has
+    not arrived (receiving it, or waiting for a receive slot) hold no thread and are bounded, and shared fairly, by
+    the gate (`receive_slots` + `waiting`); the bound leaves as many again as twice the threads to calls whose
+    message is in, running or queued for a thread, so that those stalled can never fill it. Unbounded, a few
+    connections of message-less calls kept the queue ahead of every other call longer than its deadline."""
+    return receive_slots + waiting(protocols) + 2 * protocols.grpc_max_threads
 
 
 def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOptions, runtime_dir: str,
@@ -113,9 +119,9 @@ def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOp
         access_log.enable()
     pool = futures.ThreadPoolExecutor(max_workers=protocols.grpc_max_threads, thread_name_prefix="grpc",
                                       initializer=threads.name_native_thread, initargs=("petal-grpc",))
-    server = grpc.server(pool, options=channel_options(protocols), interceptors=[gate(dataplane, protocols, security,
-                                                                                       pool)],
-                         maximum_concurrent_rpcs=max_calls(protocols))
+    gated = gate(dataplane, protocols, security, pool)
+    server = grpc.server(pool, options=channel_options(protocols), interceptors=[gated],
+                         maximum_concurrent_rpcs=max_calls(protocols, gated.shares.slots))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane, max_message),
                                                                        server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload), server)
