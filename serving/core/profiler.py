@@ -14,6 +14,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -25,7 +26,7 @@ MAX_TRACE_S = 60.0
 XPLANE_SUFFIX = ".xplane.pb"
 
 
-def _outline() -> type:
+def _outline() -> Any:
     """XSpace's planes, lines and events (tsl/profiler/protobuf/xplane.proto's field numbers: planes 1, lines 3,
     events 4), read for whether any event was recorded. TensorFlow's Python xplane_pb2 cannot be used: its
     string fields refuse what the C++ profiler writes there (not UTF-8)."""
