@@ -75,18 +75,19 @@ class ProfilerService:
         context.add_callback(stop.set)  # the call ended: cancelled, or past its deadline
 
         def wait(seconds: float) -> None:
+            """While the trace runs (so only the running trace's id is Terminate's to end)."""
             ends = time.monotonic() + seconds
-            while not self.dataplane.draining() and not stop.wait(min(POLL_S, max(0.0, ends - time.monotonic()))):
-                if time.monotonic() >= ends:
-                    return
+            self.stops[request.session_id] = stop
+            try:
+                while not self.dataplane.draining() and time.monotonic() < ends:
+                    if stop.wait(min(POLL_S, max(0.0, ends - time.monotonic()))):
+                        return
+            finally:
+                self.stops.pop(request.session_id, None)
 
         path = None if request.emit_xspace else trace_path(request.repository_root, request.session_id,
                                                            request.host_name)
-        self.stops[request.session_id] = stop
-        try:
-            xspace = self.profiler.trace(duration_ms / 1000, wait)
-        finally:
-            self.stops.pop(request.session_id, None)
+        xspace = self.profiler.trace(duration_ms / 1000, wait)
         if not context.is_active():
             context.abort(grpc.StatusCode.CANCELLED, "The call ended before its trace did")
         hold = CALL_HOLD.get()
