@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that insta
 WITHOUT_KERAS = {"serve", "predict", "batch"}
 # Commands whose module imports TensorFlow here (`petal serve` imports it in its workers only): it is imported first,
 # without its C++ start-up lines (serving/tensorflow_logs.py).
-IMPORT_TENSORFLOW = {"predict", "batch", "tfrecords", "train", "export"}
+IMPORT_TENSORFLOW = {"batch", "tfrecords", "train", "export"}
 # Third-party packages that only an extra installs; a command that needs a missing one says which extra to add.
 EXTRA_PACKAGES = {"apache_beam", "locust", "matplotlib", "tensorboard", "google_crc32c"}
 # What a Ctrl-C leaves, said after `petal COMMAND: interrupted` (`petal batch` says it of its output folder itself).

@@ -249,3 +249,18 @@ def option_defaults() -> dict[str, Any]:
 def bind_address(host: str, port: int) -> str:
     """host:port for gunicorn and gRPC alike; an IPv6 literal such as --host=:: needs brackets."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def listening_urls(options: ServerOptions, for_clients: bool = False) -> tuple[str, list[str]]:
+    """The REST port's URL and the gRPC ones (`grpc://` or `grpcs://` host:port, `unix:` a socket path), as the
+    server binds them, or, `for_clients`, as a client or a browser on this machine reaches them: a wildcard
+    address is not one they can open, `localhost` is."""
+    protocols, tls = options.protocols, options.security.tls
+
+    def url(scheme: str, port: int) -> str:
+        address = bind_address(protocols.host, port)
+        host, _, number = address.rpartition(":")
+        return f"{scheme}://{'localhost' if for_clients and host in ('0.0.0.0', '[::]') else host}:{number}"
+    grpc = [url("grpcs" if tls else "grpc", protocols.port)] if protocols.port else []
+    grpc += [f"unix:{protocols.grpc_socket_path}"] if protocols.grpc_socket_path else []
+    return url("https" if tls else "http", protocols.rest_api_port), grpc

@@ -31,7 +31,7 @@ from gunicorn.app.base import BaseApplication
 
 from exported_models import storage
 from serving import metrics, ports, worker_stderr
-from serving.config import ServerOptions, bind_address
+from serving.config import ServerOptions, bind_address, listening_urls
 from serving.config_files import write_key_pair
 from serving.flags import parse_args
 from serving.memory import log_estimated_budget
@@ -269,16 +269,11 @@ def _end_worker(code: object) -> None:
 
 def banner(options: ServerOptions) -> str:
     """What the server loads and where it listens, said at once; the worker says when it is ready."""
-    protocols = options.protocols
     models = "; ".join(f"{m.name} from {m.base_path}" for m in options.dataplane.model_config.model_config_list.config)
-    grpc_on = ([bind_address(protocols.host, protocols.port)] if protocols.port else []) + (
-        [f"unix:{protocols.grpc_socket_path}"] if protocols.grpc_socket_path else [])
-    grpc = f", gRPC on {' and '.join(grpc_on)}" if grpc_on else ""
-    rest = f"{'https' if options.security.tls else 'http'}://{bind_address(protocols.host, protocols.rest_api_port)}"
-    # a wildcard address is not one a browser can open; this machine's own name is
-    page = rest.replace("0.0.0.0", "localhost").replace("[::]", "localhost")
-    web_ui = "" if protocols.disable_web_ui else f"; web UI: {page}/"
-    return f"loading {models or 'no models'}; REST on {rest}{grpc}{web_ui}"
+    rest, grpc = listening_urls(options)
+    grpc_on = f", gRPC on {' and '.join(grpc)}" if grpc else ""
+    web_ui = "" if options.protocols.disable_web_ui else f"; web UI: {listening_urls(options, for_clients=True)[0]}/"
+    return f"loading {models or 'no models'}; REST on {rest}{grpc_on}{web_ui}"
 
 
 if __name__ == "__main__":

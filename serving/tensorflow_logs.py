@@ -3,11 +3,13 @@
 Importing TensorFlow 2.21 prints, before Python's logging or TensorFlow's own log level are in charge, absl's
 "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", the oneDNN notice and
 "Could not find cuda drivers on your machine", twice (two of its libraries each carry absl). TF_CPP_MIN_LOG_LEVEL
-hides what TensorFlow logs once it has started (the CPU instructions notice; at 3, the failed cuInit of a machine
-without a GPU), but not these. So `import_tensorflow` imports it with this process's stderr (file descriptor 2, which
-C++ writes to) passed through a filter that applies TF_CPP_MIN_LOG_LEVEL to those lines too: absl's lines below the
-level are dropped, except that errors and fatal lines always pass, and so does everything that is not absl's
-(Python's warnings, a crash's last words), at once. At level 0 (`petal --verbose` sets it) nothing is filtered.
+hides what TensorFlow logs once it has started (the CPU instructions notice), but not these; and below 3 it lets
+through, as an ERROR line, the failed cuInit of a machine that has CUDA's libraries and no GPU, which only says
+that the machine has none. So `import_tensorflow` imports it, and starts its CUDA platform, with this process's
+stderr (file descriptor 2, which C++ writes to) passed through a filter that applies TF_CPP_MIN_LOG_LEVEL to those
+lines too: absl's lines below the level are dropped, and so is that cuInit error where no NVIDIA driver is loaded;
+other errors and fatal lines always pass, and so does everything that is not absl's (Python's warnings, a crash's
+last words), at once. At level 0 (`petal --verbose` sets it) nothing is filtered.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from collections.abc import Callable, Iterator
 # absl's prefix: severity, date, time, thread id, file:line]
 ABSL_LINE = re.compile(rb"([IWEF])\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] ")
 PRE_INIT_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# TensorFlow's CUDA platform, as it starts on a machine whose CUDA libraries are installed but that has no GPU (an
+# ERROR line whatever TF_CPP_MIN_LOG_LEVEL below 3 says): "failed call to cuInit: ... UNKNOWN ERROR (303)".
+NO_GPU_ERROR = re.compile(rb"\] failed call to cuInit: ")
 SEVERITIES = {b"I": "INFO", b"W": "WARNING", b"E": "ERROR", b"F": "CRITICAL"}  # absl's, in order; Python's names
 ERROR = 2
 PIPE_BYTES = 1 << 20  # so that a burst while the importing thread holds the GIL never blocks the writer
@@ -40,11 +45,20 @@ def min_log_level() -> int:
 
 
 def shown(line: bytes, level: int) -> bool:
-    """Whether a line TensorFlow's C++ writes to stderr is shown at TF_CPP_MIN_LOG_LEVEL `level`."""
+    """Whether a line TensorFlow's C++ writes to stderr is shown at TF_CPP_MIN_LOG_LEVEL `level`. An error that
+    says only that a machine with no NVIDIA GPU has none is not one: it is hidden below level 0 too."""
     if line.rstrip(b"\r") == PRE_INIT_NOTICE:
         return level <= 0
     match = ABSL_LINE.match(line)
+    if match is not None and level > 0 and NO_GPU_ERROR.search(line) and not has_nvidia_gpu():
+        return False
     return match is None or list(SEVERITIES).index(match.group(1)) >= min(level, ERROR)
+
+
+@functools.cache
+def has_nvidia_gpu() -> bool:
+    """Whether NVIDIA's driver is loaded on this machine (its control device, or its /proc folder)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")
 
 
 def import_tensorflow() -> None:
@@ -54,7 +68,8 @@ def import_tensorflow() -> None:
         return
     level = min_log_level()
     with stderr_filtered(functools.partial(shown, level=level)) if level > 0 else contextlib.nullcontext():
-        importlib.import_module("tensorflow")
+        tensorflow = importlib.import_module("tensorflow")
+        tensorflow.config.list_physical_devices("GPU")  # CUDA's start-up (its cuInit) logs here, filtered too
 
 
 def _kept(line: bytes, keep: Callable[[bytes], bool]) -> bytes:

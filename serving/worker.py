@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from gunicorn.arbiter import Arbiter
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config import ServerOptions, bind_address
+from serving.config import ServerOptions, listening_urls
 from serving.config_files import read_model_config
 from serving.core import Code, DataPlane, ServingError, Startup, VersionState
 from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget
@@ -282,24 +282,12 @@ def publish_config(path: str, config: model_server_config_pb2.ModelServerConfig)
     os.replace(staging, path)
 
 
-def browsable(address: str) -> str:
-    """A wildcard address is not one a client can connect to; this machine's own name is."""
-    host, _, port = address.rpartition(":")
-    return f"{'localhost' if host in ('0.0.0.0', '[::]') else host}:{port}"
-
-
 def ready_line(dataplane: DataPlane, options: ServerOptions) -> str:
     """Every model with the versions it serves, where, and how long the server took to start."""
     models = ", ".join(f"{name} " + " ".join(f"v{v}" for v in sorted(dataplane.available_versions(name)))
                        for name in dataplane.model_names())
-    protocols = options.protocols
-    scheme = "https" if options.security.tls else "http"
-    ports = [f"{scheme}://{browsable(bind_address(protocols.host, protocols.rest_api_port))}"]
-    if protocols.port:
-        ports.append(f"grpc{'s' if options.security.tls else ''}://"
-                     f"{browsable(bind_address(protocols.host, protocols.port))}")
-    if protocols.grpc_socket_path:
-        ports.append(f"unix:{protocols.grpc_socket_path}")
+    rest, grpc = listening_urls(options, for_clients=True)
+    ports = [rest, *grpc]
     started = options.process.started_at
     took = f" in {time.monotonic() - started:.1f} s" if started else ""
     return f"ready: {models} on {', '.join(ports[:-1])}{' and ' if len(ports) > 1 else ''}{ports[-1]}{took}"

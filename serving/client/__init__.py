@@ -14,7 +14,8 @@ started with --auth_token_file pass `token` (sent as `Authorization: Bearer`); w
 certificates. Transient failures (HTTP 503, gRPC UNAVAILABLE, a refused connection while a server restarts) are
 retried with exponential backoff and full jitter; the caller's mistakes (4xx, or a gRPC code whose HTTP status is
 one: serving/status_codes.py) raise RequestError at once. Importing this module imports neither TensorFlow nor
-grpc; a gRPC client loads them.
+grpc, and a REST client never loads them (an import-linter contract says so); a gRPC client loads both, for TF
+Serving's protos (serving/client/grpc_transport.py).
 """
 from __future__ import annotations
 
@@ -108,10 +109,10 @@ class Client:
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.metadata = security.grpc_metadata()
         if use_grpc:
-            from tensorflow_serving.apis import prediction_service_pb2_grpc
+            from serving.client.grpc_transport import classify_stub
 
             self.channel = security.grpc_channel(server, max_message_bytes)
-            self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+            self.stub = classify_stub(self.channel)
         else:
             self.session = requests.Session()
             self.session.headers.update(security.header())
@@ -156,17 +157,10 @@ class Client:
 
     def _grpc_predict(self, data: list[bytes], top_k: int, deadline: float) -> list[Prediction]:
         import grpc
-        from tensorflow.core.example import example_pb2, feature_pb2
-        from tensorflow_serving.apis import classification_pb2, input_pb2, model_pb2
 
-        spec = model_pb2.ModelSpec(name=self.model)
-        if self.version is not None:
-            spec.version.value = self.version
-        examples = [example_pb2.Example(features=feature_pb2.Features(feature={
-            "image_bytes": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image]))}))
-            for image in data]
-        request = classification_pb2.ClassificationRequest(
-            model_spec=spec, input=input_pb2.Input(example_list=input_pb2.ExampleList(examples=examples)))
+        from serving.client.grpc_transport import classify_request
+
+        request = classify_request(self.model, self.version, data)
         try:
             response = self.stub.Classify(request, timeout=max(deadline - time.monotonic(), 0.001),
                                           metadata=self.metadata)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -121,3 +124,20 @@ def test_petal_predict(server, image_files, reference, mode, capsys):
         scores = by_label([(p["label"], p["score"]) for p in line["predictions"]])
         np.testing.assert_allclose(scores, expected, **TOLERANCE)
         assert [p["label"] for p in line["predictions"]][:2] == ranked(expected)[:2]
+
+
+@pytest.mark.parametrize("mode", ["rest", "grpc"])
+def test_petal_predict_against_a_server_is_quiet_and_loads_tensorflow_only_for_grpc(server, image_files, mode):
+    """The console command as a user runs it, in its own process: over REST it never loads TensorFlow (seconds and
+    hundreds of MB for one HTTP request); over gRPC, TF Serving's protos load it, without its start-up lines."""
+    target = server.rest_url.removeprefix("http://") if mode == "rest" else server.grpc_target
+    code = ("import sys, petal\n"
+            f"status = petal.main(['predict', *{image_files!r}, '--server', {target!r}"
+            f"{', ' + repr('--grpc') if mode == 'grpc' else ''}])\n"
+            "print('tensorflow' in sys.modules, file=sys.stderr)\n"
+            "sys.exit(status)")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [str(mode == "grpc")]
+    assert {line.split()[0] for line in done.stdout.splitlines()[1:]} == set(image_files)

@@ -12,6 +12,7 @@ from serving.config import (
     ProtocolOptions,
     SecurityOptions,
     ServerOptions,
+    listening_urls,
     model_config_for,
     token_digest,
 )
@@ -76,3 +77,17 @@ def test_options_are_never_changed_after_parsing_only_replaced():
     derived = dataclasses.replace(options, process=dataclasses.replace(options.process, runtime_dir="/run/petal"))
     assert derived.process.runtime_dir == "/run/petal" and options.process.runtime_dir == ""
     assert ServerOptions().process.runtime_dir == ""
+
+
+@pytest.mark.parametrize(("flags", "bound", "reached"), [
+    ([], ("http://0.0.0.0:8501", ["grpc://0.0.0.0:8500"]), ("http://localhost:8501", ["grpc://localhost:8500"])),
+    (["--host=::", "--grpc_socket_path=/run/petal.sock"],
+     ("http://[::]:8501", ["grpc://[::]:8500", "unix:/run/petal.sock"]),
+     ("http://localhost:8501", ["grpc://localhost:8500", "unix:/run/petal.sock"])),
+    (["--host=10.0.0.7", "--port=0"], ("http://10.0.0.7:8501", []), ("http://10.0.0.7:8501", [])),
+], ids=["defaults", "IPv6 wildcard and a socket", "one host, no gRPC port"])
+def test_the_banner_and_the_ready_line_name_the_ports_alike(flags, bound, reached):
+    """One function for both lines: they once drifted apart, gRPC a bare host:port in one and grpc:// in the other."""
+    options = parse_args(["--model_base_path=/models/m", *flags])
+    assert listening_urls(options) == bound
+    assert listening_urls(options, for_clients=True) == reached

@@ -1,8 +1,11 @@
 """The storage layer's configuration from the environment, its one-line errors, and what they never show."""
 from __future__ import annotations
 
+import collections
+import http.server
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -74,3 +77,42 @@ def test_credentials_never_reach_a_message(monkeypatch):
 def test_urls_and_local_paths_are_told_apart_in_one_place(path, remote, joined):
     assert storage.is_remote(path) is remote
     assert storage.join(path, "1", "saved_model.pb") == joined
+
+
+class _Unavailable(http.server.BaseHTTPRequestHandler):
+    """A store that answers every request 503, which every client retries: each request's tries are counted."""
+    tries: collections.Counter
+
+    def _refuse(self) -> None:
+        self.tries[self.command, self.path] += 1
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_POST = do_PUT = _refuse
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/models", "gs://bucket/models", "az://container/models"])
+def test_a_store_that_is_away_is_asked_a_bounded_number_of_times(fresh, url):
+    """The SDKs' own retries (gcsfs: 6, 1 to 17 s apart; Azure: 10, 15 s and more apart) would keep a poll, and a
+    start, waiting for half a minute and more before saying the store is away."""
+    handler = type("Handler", (_Unavailable,), {"tries": collections.Counter()})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    fresh.setenv("AWS_ENDPOINT_URL", endpoint)
+    fresh.setenv("AWS_ACCESS_KEY_ID", "key")
+    fresh.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    fresh.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    fresh.setenv("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+                 f"AccountKey=a2V5;BlobEndpoint={endpoint}/devstoreaccount1;")
+    try:
+        with pytest.raises(storage.StorageError, match="could not list"):
+            storage.list_files(url)
+    finally:
+        server.shutdown()
+    assert handler.tries and all(1 < tries <= storage.RETRIES + 1 for tries in handler.tries.values()), \
+        handler.tries
