@@ -220,11 +220,15 @@ def signature_infos(graph: meta_graph_pb2.MetaGraphDef, internal: bool = False) 
     """A meta graph's signature defs: the tensor names, dtypes and method names TF Serving reports. The internal
     ones (TF2's `__saved_model_init_op`, which runs once at load) only with `internal`: TF Serving's metadata lists
     the whole map, and no request can call them."""
-    infos = {key: SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
-                                outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
-                                method_name=sig.method_name, defaults=dict(sig.defaults))
-             for key, sig in graph.signature_def.items()}
+    infos = {key: signature_info(sig) for key, sig in graph.signature_def.items()}
     return infos if internal else callable_signatures(infos)
+
+
+def signature_info(sig: meta_graph_pb2.SignatureDef) -> SignatureInfo:
+    """One SignatureDef as TF Serving reports it (a SavedModel's, or one a TFLite file stores in its metadata)."""
+    return SignatureInfo(inputs={k: _tensor_info(v) for k, v in sig.inputs.items()},
+                         outputs={k: _tensor_info(v) for k, v in sig.outputs.items()},
+                         method_name=sig.method_name, defaults=dict(sig.defaults))
 
 
 def callable_signatures(infos: dict[str, SignatureInfo]) -> dict[str, SignatureInfo]:

@@ -185,6 +185,7 @@ class ProtocolOptions:
     cors_allowed_origins: tuple[str, ...] = ()  # none: browsers allow same-origin calls only
     disable_web_ui: bool = False
     access_log: bool = False
+    enable_profiler: bool = True  # TensorFlow's profiler service on the gRPC port, as TF Serving's default
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
          **boolean)
     flag("--model_root", default=d.model_root, help="(Petal) every model base path (flags, config file, reload RPC) "
          "must resolve inside this folder")
+    flag("--enable_profiler", default=d.enable_profiler, help="serve TensorFlow's profiler service on the gRPC port "
+         "(tf.profiler.experimental.client.trace, TensorBoard's Capture Profile); with --auth_token_file it needs an "
+         "admin token", **boolean)
     flag("--access_log", default=d.access_log, help="(Petal) one JSON line per request on stderr", **boolean)
     flag("--version", default=False, help="print the version and exit", **boolean)
     compatible = parser.add_argument_group("tensorflow_model_server flags Petal takes without implementing them",

@@ -52,7 +52,6 @@ UNIMPLEMENTED = (
                   "Petal leaves XLA to TensorFlow: a model saved with jit_compile runs compiled"),
     Unimplemented("xla_gpu_compilation_enabled", "bool", (True,), False,
                   "Petal leaves XLA to TensorFlow: a model saved with jit_compile runs compiled"),
-    Unimplemented("enable_profiler", "bool", (False,), False, "Petal serves no TensorFlow profiler service"),
     Unimplemented("thread_pool_factory_config_file", "str", ("",), False,
                   "Petal runs models on its batch threads and TensorFlow's own thread pools"),
     Unimplemented("mixed_precision", "str", ("",), True,

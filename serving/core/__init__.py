@@ -17,11 +17,14 @@ from serving.core.dataplane import (
 )
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
 from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, Result, Task
+from serving.core.profiler import MAX_TRACE_S, Profiler, has_events, trace_path
+from serving.core.profiler import save as save_trace
 from serving.core.repository import VersionState, VersionStatus
 from serving.core.servable import Servable
 from serving.core.startup import Startup
 
-__all__ = ["CLASSIFY_METHOD", "DEFAULT_SIGNATURE", "IMAGE_INPUT", "NUMPY_DTYPES", "PROBABILITIES_OUTPUT",
-           "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Result", "Servable", "ServingError",
-           "SignatureInfo", "Startup", "Task", "TensorInfo", "VersionState", "VersionStatus", "check_shape", "coerce",
-           "deadline_exceeded", "invalid", "not_found", "unavailable"]
+__all__ = ["CLASSIFY_METHOD", "DEFAULT_SIGNATURE", "IMAGE_INPUT", "MAX_TRACE_S", "NUMPY_DTYPES",
+           "PROBABILITIES_OUTPUT", "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Profiler",
+           "Result", "Servable", "ServingError", "SignatureInfo", "Startup", "Task", "TensorInfo", "VersionState",
+           "VersionStatus", "check_shape", "coerce", "deadline_exceeded", "has_events", "invalid", "not_found",
+           "save_trace", "trace_path", "unavailable"]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from serving.config import Token, token_digest
 from serving.core import Code, ServingError
 
-PREDICT, ADMIN = "predict", "admin"
+PREDICT, ADMIN, PROFILE = "predict", "admin", "profile"  # what a request needs
 SCHEME = "bearer"
 
 
@@ -30,7 +30,9 @@ class Authenticator:
         return bool(self.tokens)
 
     def check(self, authorization: str | None, needs: str) -> None:
-        """Return if allowed; else raise UNAUTHENTICATED (no or bad token) or PERMISSION_DENIED (no such role)."""
+        """Return if allowed; else raise UNAUTHENTICATED (no or bad token) or PERMISSION_DENIED (no such role).
+        PROFILE (a trace, which writes files where its client says) is ADMIN's once tokens are asked for, and
+        open without them, as TF Serving's --enable_profiler is (which turns it off)."""
         if not self.tokens:
             if needs == ADMIN and not self.enable_model_control:
                 raise ServingError(Code.PERMISSION_DENIED, "Model control is off: start the server with "
@@ -39,6 +41,8 @@ class Authenticator:
         role = self.role_of(authorization)
         if needs == ADMIN and role != ADMIN:
             raise ServingError(Code.PERMISSION_DENIED, "Model control needs a token with the admin role")
+        if needs == PROFILE and role != ADMIN:
+            raise ServingError(Code.PERMISSION_DENIED, "Profiling needs a token with the admin role")
 
     def role_of(self, authorization: str | None) -> str:
         scheme, _, token = (authorization or "").strip().partition(" ")

@@ -8,7 +8,10 @@ Serving's own model files, copied byte for byte into tests/data/tf_serving (its 
   the status call, a predict of 1.0, 2.0, 5.0 -> 3.5, 4.0, 5.5 and a regress on `tensorflow/serving/regress` of
   x = 1.0, 2.0 -> 3.5, 4.0. That signature declares its serialized examples `inputs` as DT_FLOAT while its graph
   takes strings; TF Serving feeds them as strings whatever is declared, and so must Petal (a rebuilt look-alike
-  with a DT_STRING input hid that Petal refused this very call).
+  with a DT_STRING input hid that Petal refused this very call);
+- tensorflow_model_server_test.py's testPredictWithSignatureDefOnTfLite: `saved_model_half_plus_two_tflite_with_sigdef`
+  served with --prefer_tflite_model, predicted over gRPC with the test's own request (x = [2.0], shape [1], on a
+  model whose tensor is [1, 1]) by the name its stored SignatureDef gives (`x`, not the tensor's `tflite_input`).
 
 Each server is started as the docs' Docker commands start TF Serving, with the model folder given relative to the
 working directory, as the Docker image's entrypoint gives `$MODEL_BASE_PATH/$MODEL_NAME`.
@@ -21,7 +24,8 @@ import subprocess
 import grpc
 import pytest
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import input_pb2, prediction_service_pb2_grpc, regression_pb2
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import input_pb2, predict_pb2, prediction_service_pb2_grpc, regression_pb2
 
 from server_harness import run_server
 
@@ -69,3 +73,22 @@ def test_the_same_regress_over_grpc_with_tf_servings_stubs(half_plus_three):
     assert [r.value for r in response.result.regressions] == [3.5, 4.0]
     assert (response.model_spec.version.value, response.model_spec.signature_name) == (
         123, "tensorflow/serving/regress")
+
+
+def test_a_tflite_models_stored_signature_def_names_its_inputs_as_tf_serving_does():
+    request = predict_pb2.PredictRequest()  # built as tensorflow_model_server_test_base.py's VerifyPredictRequest
+    request.model_spec.name = "default"
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["x"].dtype = types_pb2.DT_FLOAT
+    request.inputs["x"].float_val.append(2.0)
+    request.inputs["x"].tensor_shape.dim.add().size = 1
+    with run_server(f"--model_base_path={TESTDATA}/saved_model_half_plus_two_tflite_with_sigdef",
+                    "--model_name=default", "--prefer_tflite_model=true") as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            result = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        metadata = curl(f"{server.rest_url}/v1/models/default/metadata")
+    assert (result.outputs["y"].dtype, list(result.outputs["y"].float_val)) == (types_pb2.DT_FLOAT, [3.0])
+    assert (result.model_spec.version.value, result.model_spec.signature_name) == (123, "serving_default")
+    signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert {k: v["name"] for k, v in signature["inputs"].items()} == {"x": "tflite_input:0"}
+    assert {k: v["name"] for k, v in signature["outputs"].items()} == {"y": "y:0"}

@@ -78,7 +78,7 @@ def test_every_tensorflow_model_server_flag_parses_and_those_values_warn_about_n
     assert warned == {"flush_filesystem_caches", "max_num_load_retries", "load_retry_interval_micros",
                       "remove_unused_fields_from_bundle_metagraph", "num_tflite_pools",
                       "num_tflite_interpreters_per_pool", "xla_cpu_compilation_enabled", "xla_gpu_compilation_enabled",
-                      "enable_profiler", "skip_initialize_tpu", "enable_serialization_as_tensor_content"}
+                      "skip_initialize_tpu", "enable_serialization_as_tensor_content"}
 
 
 def test_each_flag_of_the_list_is_in_the_parser_and_on_the_flags_page():
@@ -90,11 +90,11 @@ def test_each_flag_of_the_list_is_in_the_parser_and_on_the_flags_page():
 
 
 def test_a_flag_that_changes_nothing_is_named_with_why_and_one_with_petals_value_is_silent():
-    options = parse_args(["--num_load_threads=4", "--enable_profiler", "--num_request_iterations_for_warmup=1",
-                          "--enable_grpc_healthcheck_service=true"])
+    options = parse_args(["--num_load_threads=4", "--skip_initialize_tpu=false",
+                          "--num_request_iterations_for_warmup=1", "--enable_grpc_healthcheck_service=true"])
     assert dict(options.ineffective_flags) == {
         "--num_load_threads=4": "Petal loads versions one at a time on one thread",
-        "--enable_profiler=true": "Petal serves no TensorFlow profiler service"}
+        "--skip_initialize_tpu=false": "Petal does not use TPUs"}
     assert parse_args([]).ineffective_flags == ()
 
 

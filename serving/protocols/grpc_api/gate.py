@@ -28,6 +28,7 @@ OPEN_SERVICE = "/grpc.health.v1.Health/"  # probes need no token
 OPEN_METHODS = frozenset({"/inference.GRPCInferenceService/ServerLive",  # nor do V2's, as over REST
                           "/inference.GRPCInferenceService/ServerReady"})
 CONTROL_METHODS = frozenset({"/tensorflow.serving.ModelService/HandleReloadConfigRequest"})  # need admin
+PROFILE_SERVICE = "/tensorflow.ProfilerService/"  # auth.PROFILE: admin's once tokens are asked for
 # A call whose message is late ends as one past its deadline does (REST answers 408 Request Timeout).
 LATE = grpc.StatusCode.DEADLINE_EXCEEDED
 IDLE_WAKE_S = 1.0  # the watchdog's sleep while it watches nothing
@@ -386,7 +387,8 @@ class Gate(grpc.ServerInterceptor):
         """Why the call's token does not allow it (UNAUTHENTICATED, PERMISSION_DENIED), or None."""
         try:
             self.authenticator.check(metadata.get("authorization"),
-                                     auth.ADMIN if method in CONTROL_METHODS else auth.PREDICT)
+                                     auth.ADMIN if method in CONTROL_METHODS else
+                                     auth.PROFILE if method.startswith(PROFILE_SERVICE) else auth.PREDICT)
         except ServingError as err:
             return err
         return None

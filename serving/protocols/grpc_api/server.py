@@ -1,4 +1,5 @@
-"""The gRPC server of one worker: TF Serving's services, KServe V2's and grpc.health.v1 as peers behind `Gate`, on
+"""The gRPC server of one worker: TF Serving's services (and, with --enable_profiler, TensorFlow's profiler
+service), KServe V2's and grpc.health.v1 as peers behind `Gate`, on
 --port and --grpc_socket_path, with TLS from --ssl_config_file.
 
 Every gunicorn worker runs one of these servers on the same port with SO_REUSEPORT, sharing that worker's
@@ -20,7 +21,7 @@ from serving import threads
 from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.core import DataPlane
 from serving.protocols import access_log, auth
-from serving.protocols.grpc_api import kserve, unix_socket
+from serving.protocols.grpc_api import kserve, profiler, unix_socket
 from serving.protocols.grpc_api.gate import Gate
 from serving.protocols.grpc_api.health import HealthService
 from serving.protocols.grpc_api.tfserving import ModelService, PredictionService, ReloadConfig
@@ -127,6 +128,8 @@ def start(dataplane: DataPlane, protocols: ProtocolOptions, security: SecurityOp
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), server)
     kserve.add_to_server(dataplane, server, max_message)
+    if protocols.enable_profiler:
+        profiler.add_to_server(dataplane, server)
     for address in addresses:
         try:
             bound = (server.add_secure_port(address, server_credentials(security.tls)) if security.tls else
