@@ -5,11 +5,9 @@ estimate may be off by); every request is answered 200, 503 or 504; and once the
 is still held. A progressive JPEG's decoder keeps the whole image's DCT coefficients however small it decodes, so a
 flood of those is held to the same bound, its images decoding one at a time in the pixel share (each for a second
 or more, so that most requests run out of time waiting: 504)."""
-import io
 import time
 
 import pytest
-from PIL import Image
 
 from load_tests.pixel_flood import flat_jpeg, flood, flood_requests, reset_peak, status_kb
 from server_harness import memory_held, run_server, tiny_model_base, worker_pid
@@ -34,10 +32,7 @@ def image() -> bytes:
 
 @pytest.fixture(scope="module")
 def progressive_image() -> bytes:
-    """The flat JPEG, progressive: about 0.3 MB, and 105 MB of coefficients held while it decodes at any scale."""
-    out = io.BytesIO()
-    Image.new("RGB", (SIDE, SIDE), (200, 120, 40)).save(out, format="JPEG", quality=90, progressive=True)
-    return out.getvalue()
+    return flat_jpeg(SIDE, progressive=True)
 
 
 @pytest.fixture(scope="module")
