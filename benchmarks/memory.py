@@ -1,7 +1,7 @@
 """A server's memory under a pixel flood, over each protocol: large flat-colour JPEGs, cheap on the wire and huge
 once decoded.
 
-    .venv/bin/python benchmarks/memory.py [--clients 8] [--images 32] [--side 6000] \
+    .venv/bin/python benchmarks/memory.py [--clients 8] [--images 32] [--side 6000] [--progressive] \
         [--protocols rest,v2,multipart,grpc] [--petal_args "--memory_budget_bytes=268435456"] \
         [--pod_limit 2147483648 [--checkout DIR]]
 
@@ -87,6 +87,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--images", type=int, default=32, help="images per request")
     parser.add_argument("--side", type=int, default=6000, help="pixels per side (under --max_image_pixels)")
+    parser.add_argument("--progressive", action="store_true", help="progressive JPEGs, whose decoders hold the "
+                        "whole image's DCT coefficients at any scale")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated: " + ", ".join(PROTOCOLS))
     parser.add_argument("--petal_args", default="", help="flags for every server")
     parser.add_argument("--pod_limit", type=int, default=0, help="run each server as a fresh pod of this many bytes")
@@ -95,7 +97,7 @@ def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from load_tests.pixel_flood import flat_jpeg
 
-    image = flat_jpeg(args.side)
+    image = flat_jpeg(args.side, args.progressive)
     print(f"{args.clients} clients x {args.images} x {args.side}x{args.side} JPEGs ({len(image) / MB:.2f} MB each "
           f"on the wire, {args.side * args.side * 3 / MB:.0f} MB decoded); petal serve {args.petal_args}\n")
     if args.pod_limit:

@@ -695,9 +695,10 @@ def fleet(args: argparse.Namespace, base: str, model_dir: str, photos: list[byte
         others = {"gthread": petal("--port=0", "--worker_class=gthread")}  # REST only: no second gRPC port
         if args.ab_args:
             others["ab"] = petal("--port=0", *args.ab_args.split())
+        model = os.path.join(ROOT, base)
         before = {os.path.basename(os.path.normpath(tree)): stack.enter_context(launcher.running(
-            ["--model_name=flowers", f"--model_base_path={os.path.join(ROOT, base)}", *args.petal_args.split()],
-            cwd=tree, python=interpreter(tree)))
+            ["--model_name=flowers", f"--model_base_path={own_model(tree, model) if args.before_own_model else model}",
+             *args.petal_args.split()], cwd=tree, python=interpreter(tree)))
             for tree in args.before}
         baseline = stack.enter_context(baseline_server(model_dir))
         servers = Fleet(server, others, before, baseline)
@@ -735,6 +736,11 @@ def before_columns(trees: list[str]) -> dict[str, str]:
     return {f"{protocol}@{os.path.basename(os.path.normpath(tree))}":
             f"{TITLES[protocol]}, {os.path.basename(os.path.normpath(tree))}"
             for tree in trees for protocol in PROTOCOLS}
+
+
+def own_model(tree: str, model: str) -> str:
+    """The model a --before checkout ships in place of this checkout's, for --before_own_model."""
+    return os.path.join(tree, os.path.relpath(model, ROOT))
 
 
 def interpreter(tree: str) -> str:
@@ -862,6 +868,9 @@ def main() -> int:
     parser.add_argument("--before", action="append", default=[], help="a checkout of an earlier Petal (say a "
                         "worktree of the previous main): its REST, gRPC and V2 columns run side by side with this "
                         "one's, under its own .venv if it has one; may be given more than once")
+    parser.add_argument("--before_own_model", action="store_true", help="each --before checkout serves the model "
+                        "it ships, not this checkout's: for a change of the export (the in-process limit is this "
+                        "checkout's model's alone)")
     args = parser.parse_args()
     if args.rounds % 2 == 0:
         parser.error("--rounds must be odd: each cell is the median round, one real run")

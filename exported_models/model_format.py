@@ -7,11 +7,13 @@ need it) and never Flask or Beam.
 Layout (TF Serving's): `<base>/<name>/<version>/` where `<version>` is an integer directory (Petal writes plain
 digits and reads zero-padded ones too, `00000123`; the path is always the folder as found) holding
 `saved_model.pb`, `variables/`, `assets/labels.txt` (one class name per line, in class-id order) and
-`assets.extra/tf_serving_warmup_requests` (a TFRecord of `tensorflow.serving.PredictionLog`).
+`assets.extra/tf_serving_warmup_requests` (a TFRecord of `tensorflow.serving.PredictionLog`); Petal's exports also
+write `assets.extra/petal_scaled_jpeg_inputs.json` (SCALED_JPEG_FILE), which TF Serving does not read.
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -37,7 +39,13 @@ LABELS_FILE = "labels.txt"
 LABELS_ASSET = f"assets/{LABELS_FILE}"
 WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many
+# {signature: {input: [height, width]}}: the string inputs whose JPEGs the graph decodes at the smallest DCT scaling
+# still at least that size (training/preprocessing.decode_at_least), so the server's memory budget charges them at
+# that size. Recorded by the export because nothing else tells: a signature decoding in full looks the same from
+# outside, and charging it the scaled size would let it decode past the budget.
+SCALED_JPEG_FILE = "assets.extra/petal_scaled_jpeg_inputs.json"
 DEFAULT_SIGNATURE = "serving_default"
+IMAGE_INPUT = "image_bytes"  # the JPEG (PNG, GIF, BMP) bytes that an image classifier's signature takes
 _INTERNAL_SIGNATURES = ("__saved_model_init_op",)
 # Warmup records over tf.Examples, with the method of their one task (MultiInference names its own).
 _EXAMPLE_LOGS = {"classify_log": "tensorflow/serving/classify", "regress_log": "tensorflow/serving/regress",
@@ -178,6 +186,30 @@ def class_names(version_dir: str) -> list[str]:
     """A version's class names; a SavedModel from elsewhere may have none, and is served without them."""
     path = f"{version_dir.rstrip('/')}/{LABELS_ASSET}"
     return read_labels(path) if tf.io.gfile.exists(path) else []
+
+
+# --- the JPEG scaling of image inputs --------------------------------------------------------------------------
+
+ScaledJpegInputs = dict[str, dict[str, tuple[int, int]]]
+
+
+def write_scaled_jpeg_inputs(version_dir: str, inputs: ScaledJpegInputs) -> None:
+    path = f"{version_dir.rstrip('/')}/{SCALED_JPEG_FILE}"
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as f:
+        json.dump(inputs, f)
+
+
+def scaled_jpeg_inputs(version_dir: str) -> ScaledJpegInputs:
+    """SCALED_JPEG_FILE's inputs; none for a version without it (any other exporter's, or Petal's before it decoded
+    JPEGs scaled), whose every JPEG is then charged in full."""
+    path = f"{version_dir.rstrip('/')}/{SCALED_JPEG_FILE}"
+    if not tf.io.gfile.exists(path):
+        return {}
+    with tf.io.gfile.GFile(path) as f:
+        recorded = json.load(f)
+    return {signature: {name: (int(height), int(width)) for name, (height, width) in inputs.items()}
+            for signature, inputs in recorded.items()}
 
 
 # --- signatures -----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ machine's physical memory and the footprint is estimated from an idle server's m
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -49,6 +50,14 @@ MASTER_BYTES = 64 * MiB
 # estimate by up to 15% (allocator slack, Python's per-object overhead), measured with benchmarks/memory.py.
 HEADROOM = 0.15
 ESTIMATE_SLACK = 0.15
+# A block of this size or more is a mapping of its own, returned to the system when freed (glibc's M_MMAP_THRESHOLD,
+# through mallopt). glibc's default raises the threshold to each mapped block freed, up to 32 MiB, and keeps blocks
+# under it in the arena of the thread that freed them: a decoder's buffers, freed by one of TensorFlow's threads,
+# stayed there while the next image decoded on another thread took new ones, so the budget's requests were given
+# back to it but not to the system (a flood of progressive JPEGs grew a worker by 282-343 MB over a 256 MiB
+# budget that held at most 218 MB, flat JPEGs by up to 322 MB in CI; fixed at 1 MiB: 154-174 MB and 87-153 MB).
+MMAP_THRESHOLD_BYTES = 1 * MiB
+_M_MMAP_THRESHOLD = -3  # malloc.h
 # More than this per worker buys no throughput (the CPUs, not memory, bound a worker past it) and on a machine
 # without a cgroup limit would let one worker take memory other processes need.
 MAX_DEFAULT_BUDGET = 2 * GiB
@@ -224,6 +233,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def return_freed_blocks() -> bool:
+    """Have blocks of MMAP_THRESHOLD_BYTES or more mapped on their own, so that what a request gives back to the
+    memory budget is given back to the system too, whichever thread frees it; False where the C library is not
+    glibc (its `mallopt` absent, or a stub that refuses it) and nothing changed."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 def default_pixel_share(budget: int, max_image_pixels: int) -> int:

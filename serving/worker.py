@@ -33,7 +33,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from serving.config import ServerOptions, listening_urls
 from serving.config_files import read_model_config
 from serving.core import Code, DataPlane, ServingError, Startup, VersionState
-from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget
+from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget, return_freed_blocks
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.rest.app import create_app
 from serving.tensorflow_runtime import configure_tensorflow
@@ -90,8 +90,10 @@ class Worker:
         budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/server.py logs it).
         """
         options = self.options
-        configure_tensorflow(options)
         budget, pixels = resolve_memory_budget(options)
+        if budget > 0:  # before TensorFlow's threads allocate: the budget counts what is freed as returned
+            return_freed_blocks()
+        configure_tensorflow(options)
         dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
         measured = functools.partial(budget_after_load, options) if measures_memory_budget(options) else None
         self._dataplane = self._create_dataplane(dataplane, self.startup,

@@ -1,10 +1,11 @@
 """Export a trained classifier as a SavedModel that takes raw image bytes, in TF Serving's layout.
 
 The decode runs inside the graph with the same `preprocess_eval` that evaluation used, so a served prediction can
-never disagree with the accuracy measured in training. The version directory appears in one rename, so a server
-polling the base path never loads half a model; on an object store (`s3://`, `gs://`, `az://`), where there is no
-rename, the version is exported to a local folder and uploaded with its saved_model.pb last, the file whose
-arrival makes a server take the folder for a version.
+never disagree with the accuracy measured in training; it decodes a JPEG at the smallest DCT scaling that still
+covers the model's input, which the export records for the server's memory budget. The version directory appears
+in one rename, so a server polling the base path never loads half a model; on an object store (`s3://`, `gs://`,
+`az://`), where there is no rename, the version is exported to a local folder and uploaded with its saved_model.pb
+last, the file whose arrival makes a server take the folder for a version.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from exported_models import model_format, storage
 from exported_models.model_format import (
     DEFAULT_MODEL_NAME,
     DEFAULT_SIGNATURE,
+    IMAGE_INPUT,
     LABELS_FILE,
     SAVED_MODEL_FILE,
     WarmupRequest,
@@ -68,7 +70,7 @@ class _Servable(tf.Module):
             return classify(images)
 
         self.serving_default = tf.function(
-            from_bytes, input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+            from_bytes, input_signature=[tf.TensorSpec([None], tf.string, name=IMAGE_INPUT)])
         self.predict_images = tf.function(
             classify, input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.float32, name="images")])
 
@@ -87,7 +89,7 @@ def synthetic_jpegs(count: int = 3, size: int = 64) -> list[bytes]:
 def warmup_requests(images: list[bytes]) -> list[WarmupRequest]:
     """One single-image request per image plus one batch of all, so both batch shapes get compiled."""
     batches = [[image] for image in images] + ([images] if len(images) > 1 else [])
-    return [WarmupRequest(DEFAULT_SIGNATURE, {"image_bytes": np.array(batch, dtype=object)}) for batch in batches]
+    return [WarmupRequest(DEFAULT_SIGNATURE, {IMAGE_INPUT: np.array(batch, dtype=object)}) for batch in batches]
 
 
 def export_saved_model(model: keras.Model, export_base: str, labels: list[str], image_size: int,
@@ -118,6 +120,7 @@ def export_saved_model(model: keras.Model, export_base: str, labels: list[str], 
         tf.saved_model.save(servable, saved, signatures={"serving_default": servable.serving_default,
                                                           "predict_images": servable.predict_images})
         model_format.write_warmup(saved, os.path.basename(export_base.rstrip("/")), warmup_requests(warmup_images))
+        model_format.write_scaled_jpeg_inputs(saved, {DEFAULT_SIGNATURE: {IMAGE_INPUT: (image_size, image_size)}})
         os.rename(saved, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -19,7 +19,7 @@ import numpy as np
 from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, TensorInfo
+from exported_models.model_format import DEFAULT_SIGNATURE, IMAGE_INPUT, SignatureInfo, TensorInfo
 from serving.config import DataPlaneOptions, ProcessOptions
 from serving.config_files import check_model_config
 from serving.core import examples, images
@@ -35,7 +35,6 @@ from serving.metrics import Metrics, VersionStatistics
 
 logger = logging.getLogger(__name__)
 
-IMAGE_INPUT = "image_bytes"
 PROBABILITIES_OUTPUT = "probabilities"
 ALL_CLASSES = 1 << 30  # Classify on an image signature answers every class
 # Arrays by input name, or a function of the signature that builds them (see DataPlane.predict).
@@ -260,16 +259,19 @@ class DataPlane:
     def _run_on(self, servable: Servable, key: str, info: SignatureInfo, inputs: Mapping[str, object],
                 deadline: float | None, api: str) -> dict[str, np.ndarray]:
         """Validate the inputs of one signature and run them, batched with other requests when they can be."""
-        arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched)
+        arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched,
+                                                 servable.scaled_jpeg_inputs.get(key, {}))
         rows = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
         return self.batcher.run(BatchRequest(BatchKey(servable.model, servable.version, key),
                                              functools.partial(servable.run, key), arrays, rows, pixels, deadline,
                                              api, batched))
 
     def _validate(self, info: SignatureInfo, inputs: Mapping[str, object], static_shapes: bool = True,
-                  signature_batches: bool = False) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
+                  signature_batches: bool = False, scaled_jpegs: Mapping[str, tuple[int, int]] | None = None,
+                  ) -> tuple[dict[str, np.ndarray], bool, np.ndarray]:
         """The inputs as arrays, whether they batch, and the decoded pixels of each row (of the whole request when
-        they do not), which the worker's pixel budget counts.
+        they do not), which the worker's pixel budget counts: a JPEG in an input that the signature decodes scaled
+        (`scaled_jpegs`, by input name: model_format.SCALED_JPEG_FILE) at the size it decodes at.
 
         Inputs batch when their signature does (`signature_batches`, decided at load: serving/core/batchable.py)
         and they share a dimension 0; a request with a scalar, or with inputs of uneven dimension 0, runs alone, as
@@ -281,7 +283,8 @@ class DataPlane:
         if missing or extra:
             raise invalid(f"Input names must be {sorted(info.inputs)}; missing {missing}, unexpected {extra}")
         arrays = {name: coerce(name, inputs[name], info.inputs[name], static_shapes) for name in info.inputs}
-        pixels = [images.check_pixels(array, self.options.max_image_pixels)
+        scaled_jpegs = scaled_jpegs or {}
+        pixels = [images.check_pixels(array, self.options.max_image_pixels, scaled_jpegs.get(name))
                   for name, array in arrays.items() if info.inputs[name].dtype == "DT_STRING"]
         batched = signature_batches and bool(arrays) and all(a.ndim > 0 for a in arrays.values()) and len(
             {a.shape[0] for a in arrays.values()}) == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -38,14 +39,35 @@ Image.MAX_IMAGE_PIXELS = None
 def jpeg_pixels(data: bytes) -> int | None:
     """Width x height from a JPEG's frame header, which precedes the first scan; None if there is none."""
     frame = jpeg_frame(data)
-    return frame[0] if frame else None
+    return frame.width * frame.height if frame else None
 
 
-def jpeg_frame(data: bytes) -> tuple[int, int] | None:
-    """A JPEG's pixels and what decoding it holds, in pixels of BYTES_PER_PIXEL, from its frame header (None if
-    there is none): a progressive JPEG's decoder also keeps every DCT coefficient of the image until its last scan,
-    2 bytes for each sample of each component (6 more bytes a pixel at 4:4:4, 3 at 4:2:0), where a baseline one
-    decodes a row of blocks at a time (measured: 36 Mpx at 4:4:4 took 111 MB baseline and 317 MB progressive)."""
+class JpegFrame(NamedTuple):
+    width: int
+    height: int
+    coefficients: int  # what a progressive decode also holds, in pixels of BYTES_PER_PIXEL (0 for a baseline one)
+
+    def decoded(self, scaled_to: tuple[int, int] | None) -> int:
+        """The pixels decoding it makes: all of them, or, in a signature that decodes a JPEG at the smallest DCT
+        scaling still at least `scaled_to` (height, width; training/preprocessing.decode_at_least), the
+        1/ratio image, each side rounded up as libjpeg rounds it."""
+        ratio = jpeg_ratio(self.height, self.width, *scaled_to) if scaled_to else 1
+        return -(-self.width // ratio) * -(-self.height // ratio)
+
+
+def jpeg_ratio(height: int, width: int, min_height: int, min_width: int) -> int:
+    """The DCT scaling (1, 2, 4 or 8) that training/preprocessing.decode_at_least decodes a JPEG of this size at,
+    for the memory budget: the largest whose image is still at least min_height x min_width."""
+    return next((ratio for ratio in (8, 4, 2)
+                 if -(-height // ratio) >= min_height and -(-width // ratio) >= min_width), 1)
+
+
+def jpeg_frame(data: bytes) -> JpegFrame | None:
+    """A JPEG's size and what decoding it holds besides its pixels, from its frame header (None if there is
+    none): a progressive JPEG's decoder also keeps every DCT coefficient of the image until its last scan, 2 bytes
+    for each sample of each component (6 more bytes a pixel at 4:4:4, 3 at 4:2:0), at full size whatever the scaling
+    it decodes at, where a baseline one decodes a row of blocks at a time (measured: 36 Mpx at 4:4:4 took 111 MB
+    baseline and 317 MB progressive)."""
     at, end = 2, len(data)
     while at + 4 <= end:
         if data[at] != 0xFF:  # libjpeg skips stray bytes before a marker ("N extraneous bytes"), and decodes on
@@ -66,13 +88,13 @@ def jpeg_frame(data: bytes) -> tuple[int, int] | None:
             height, width, components = struct.unpack_from(">HHB", data, at + 5)
             pixels = width * height
             if marker not in _JPEG_PROGRESSIVE:
-                return pixels, pixels
+                return JpegFrame(width, height, 0)
             sampling = [data[i] for i in range(at + 11, min(at + 10 + 3 * components, end), 3)]
             if not sampling or not all(sampling):
-                return pixels, pixels * (BYTES_PER_PIXEL + 2 * max(1, components)) // BYTES_PER_PIXEL
+                return JpegFrame(width, height, pixels * 2 * max(1, components) // BYTES_PER_PIXEL)
             largest = max(s >> 4 for s in sampling) * max(s & 15 for s in sampling)
             samples = sum((s >> 4) * (s & 15) for s in sampling) / largest  # per pixel, over the components
-            return pixels, pixels + math.ceil(pixels * 2 * samples / BYTES_PER_PIXEL)
+            return JpegFrame(width, height, math.ceil(pixels * 2 * samples / BYTES_PER_PIXEL))
         elif marker in (0xD9, 0xDA):  # end of image, or a scan before any frame header
             return None
         else:
@@ -149,11 +171,12 @@ def header_pixels(data: bytes) -> int | None:
     return cost[0] if cost else None
 
 
-def header_cost(data: bytes) -> tuple[int, int] | None:
+def header_cost(data: bytes, scaled_to: tuple[int, int] | None = None) -> tuple[int, int] | None:
     """An image's pixels, which --max_image_pixels limits, and what decoding it holds in pixels of BYTES_PER_PIXEL,
     which the pixel budget charges, from the header alone: an animated GIF's every frame (TensorFlow's GIF decoder
-    reads them all, even when it keeps only the first), a progressive JPEG's coefficients (jpeg_frame). None when
-    the bytes are no image Petal recognises (TF then decides).
+    reads them all, even when it keeps only the first), a progressive JPEG's coefficients (jpeg_frame), and a JPEG
+    only at the size it decodes at where the signature scales it (`scaled_to`, JpegFrame.decoded). None when the
+    bytes are no image Petal recognises (TF then decides).
 
     A JPEG or JPEG XL whose size Petal cannot read is refused, not counted as none: its decoder could read one
     where Petal did not, and decode an image past every limit."""
@@ -161,7 +184,7 @@ def header_cost(data: bytes) -> tuple[int, int] | None:
         frame = jpeg_frame(data)
         if frame is None:
             raise invalid("Invalid JPEG data: no image size in its header")
-        return frame
+        return frame.width * frame.height, frame.decoded(scaled_to) + frame.coefficients
     if data[:2] == b"\xff\x0a" or data.startswith(_JXL_CONTAINER):
         pixels = jxl_pixels(data)
         if pixels is None:
@@ -180,14 +203,16 @@ def header_cost(data: bytes) -> tuple[int, int] | None:
     return width * height * frames, width * height * frames
 
 
-def check_pixels(values: np.ndarray, limit: int) -> np.ndarray:
-    """What decoding each element of a string tensor holds, in pixels (header_cost; 0 for what is no image), for
-    the worker's pixel budget, refusing any image of more than `limit` pixels."""
+def check_pixels(values: np.ndarray, limit: int, scaled_to: tuple[int, int] | None = None) -> np.ndarray:
+    """What decoding each element of a string tensor holds, in pixels (header_cost, with the input's JPEG scaling
+    if its signature has one; 0 for what is no image), for the worker's pixel budget, refusing any image of more
+    than `limit` pixels: every pixel of the image, whatever size it decodes at, since a scaled decode still reads
+    every block of it."""
     pixels = np.zeros(values.shape, dtype=np.int64)
     flat = pixels.reshape(-1)
     for i, data in enumerate(values.reshape(-1)):
         if isinstance(data, bytes) and len(data) > 8:
-            cost = header_cost(data)
+            cost = header_cost(data, scaled_to)
             if cost is None:
                 continue
             if cost[0] > limit:

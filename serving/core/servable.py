@@ -44,6 +44,7 @@ class Servable:
         self.metadata = self._loaded.metadata  # what the metadata APIs list: TF Serving's whole signature_def map
         self.static_shapes = self._loaded.static_shapes
         self.class_names = model_format.class_names(path)
+        self.scaled_jpeg_inputs = model_format.scaled_jpeg_inputs(path)  # what the memory budget charges JPEGs at
         self.warmup_records = 0  # replayed by `warmup`
         self.batched = self._batched_signatures() if options.batching else frozenset()
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
+from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, scaled_jpeg_inputs
 from training.synth import CLASSES, render
 
 MODEL = os.path.join(DEFAULT_MODEL_BASE_PATH, "1")
@@ -25,6 +25,8 @@ def test_shipped_model_is_small_and_labelled(model):
         assert tuple(f.read().splitlines()) == CLASSES
     assert set(model.signatures) == {"serving_default", "predict_images"}
     assert os.path.getsize(os.path.join(MODEL, "assets.extra", "tf_serving_warmup_requests")) > 0
+    # its signature decodes a JPEG at the smallest DCT scaling still 64x64, and the server charges it so
+    assert scaled_jpeg_inputs(MODEL) == {"serving_default": {"image_bytes": (64, 64)}}
 
 
 def test_shipped_model_classifies_fresh_synthetic_flowers(model):

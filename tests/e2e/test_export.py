@@ -17,7 +17,7 @@ from serving.core.servable import Servable
 from serving.metrics import Metrics
 from training.export import export_saved_model
 from training.models import build_model
-from training.preprocessing import preprocess_eval
+from training.preprocessing import preprocess_eval, scale
 from training.synth import CLASSES, render
 
 SIZE = 32
@@ -57,7 +57,7 @@ def test_layout_is_tf_servings(exported):
     assert os.path.basename(path) == "1"
     assert sorted(os.listdir(os.path.dirname(path))) == ["1"], "no temporary directory may be left behind"
     for name in ("saved_model.pb", "variables/variables.index", "assets/labels.txt",
-                 "assets.extra/tf_serving_warmup_requests"):
+                 "assets.extra/tf_serving_warmup_requests", model_format.SCALED_JPEG_FILE):
         assert os.path.exists(os.path.join(path, name)), name
     with open(os.path.join(path, "assets", "labels.txt")) as f:
         assert f.read().splitlines() == LABELS
@@ -112,6 +112,23 @@ def test_png_gif_and_bmp_bytes_are_accepted(exported):
         encoded.append(buffer.getvalue())
     out = tf.saved_model.load(path).signatures["serving_default"](image_bytes=tf.constant(encoded))
     assert out["probabilities"].shape == (4, 5)
+
+
+def test_a_jpeg_decodes_at_the_smallest_dct_scaling_that_covers_the_input_and_the_export_says_so(exported):
+    """A 1024x768 photo decodes at 1/8 for a 32x32 model (128x96), as the server's memory budget is told to charge
+    it; a PNG of it still classifies, decoded in full."""
+    model, path = exported
+    photo = render("roses", 5, size=(1024, 768))
+    served = tf.saved_model.load(path).signatures["serving_default"](image_bytes=tf.constant([photo]))
+    for ratio, same in ((8, True), (1, False)):
+        decoded = tf.io.decode_jpeg(photo, channels=3, ratio=ratio)
+        expected = tf.nn.softmax(model(scale(tf.image.resize(decoded, [SIZE, SIZE]) / 255.0)[None], training=False))
+        assert np.allclose(served["probabilities"], expected, rtol=1e-4, atol=1e-5) == same, ratio
+    assert model_format.scaled_jpeg_inputs(path) == {"serving_default": {"image_bytes": (SIZE, SIZE)}}
+    assert Servable("flowers", 1, path).scaled_jpeg_inputs == {"serving_default": {"image_bytes": (SIZE, SIZE)}}
+    png = tf.io.encode_png(tf.io.decode_jpeg(photo)).numpy()
+    assert tf.saved_model.load(path).signatures["serving_default"](image_bytes=tf.constant([png]))[
+        "probabilities"].shape == (1, len(LABELS))
 
 
 def test_saved_model_cli_lists_both_signatures(exported):

@@ -6,13 +6,16 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import shutil
 import threading
 import time
 
 import prometheus_client
 import pytest
 
-from server_harness import b64, jpeg, tiny_model_base
+from exported_models.model_format import SCALED_JPEG_FILE
+from server_harness import IMAGE_SIZE, b64, jpeg, tiny_model_base
 from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, model_config_for
 from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
@@ -23,6 +26,7 @@ from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import admission
 from serving.protocols.rest.app import create_app
+from training.synth import render
 
 PREDICT = "/v1/models/flowers:predict"
 BUDGET = 8 * MiB
@@ -230,6 +234,25 @@ def test_a_body_is_charged_as_it_arrives_and_the_first_piece_past_the_budget_is_
     response = client.post(PREDICT, input_stream=io.BytesIO(body), content_type="application/json", **framing)
     assert response.status_code == 200, response.get_data(as_text=True)
     assert dataplane.memory.held == 0
+
+
+@pytest.mark.parametrize("scaled", [True, False], ids=["as exported", "without the export's record"])
+def test_a_jpeg_holds_the_pixels_its_signature_decodes(make_dataplane, tmp_path, monkeypatch, scaled):
+    """The tiny model's signature decodes a 1024x768 JPEG at 1/8 (128x96 still covers 32x32), and one of 32x32 in
+    full, as its export records; a copy without that record is charged in full, as any other model is."""
+    base = tmp_path / "flowers"
+    shutil.copytree(tiny_model_base(), base)
+    if not scaled:
+        os.remove(base / "1" / SCALED_JPEG_FILE)
+    dataplane = make_dataplane(model_base_path=str(base), memory_budget_bytes=BUDGET)
+    charged = []
+    run = dataplane.batcher.run
+    monkeypatch.setattr(dataplane.batcher, "run", lambda request: charged.append(request.row_pixels.tolist()) or run(
+        request))
+    body = {"instances": [b64(render("daisy", 1, size=(1024, 768))), b64(jpeg(seed=1))]}
+    response = create_app(dataplane, ProtocolOptions()).test_client().post(PREDICT, json=body)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert charged == [[128 * 96 if scaled else 1024 * 768, IMAGE_SIZE * IMAGE_SIZE]]
 
 
 def test_more_than_the_budget_could_ever_hold_is_413(client, dataplane):

@@ -12,7 +12,8 @@ import tensorflow as tf
 from PIL import Image
 
 from serving.core.errors import ServingError
-from serving.core.images import check_pixels, header_pixels, jpeg_pixels
+from serving.core.images import check_pixels, header_cost, header_pixels, jpeg_pixels
+from training.preprocessing import decode_at_least
 
 # JPEG XL files made by libjxl's cjxl (`cjxl -d 0 -e 1 W x H.png`, one with --container=1) from flat PNGs: sizes
 # that take each of the SizeHeader's forms (multiples of 8, each width-to-height ratio code, a 30-bit dimension).
@@ -155,3 +156,28 @@ def test_a_progressive_jpeg_is_charged_for_the_coefficients_its_decoder_keeps(su
     assert check_pixels(np.array([encoded[False]], dtype=object), 64 * 48).tolist() == [64 * 48]
     assert check_pixels(np.array([encoded[True]], dtype=object), 64 * 48).tolist() == [int(64 * 48 * charged)]
     assert header_pixels(encoded[True]) == 64 * 48
+
+
+def test_a_jpeg_is_charged_at_the_dct_scaling_its_signature_decodes_it_at():
+    """A 64x64 model's signature decodes a 1024x768 JPEG at 1/8 (128x96), a 480x360 one at 1/4 and a 40x30 one in
+    full; the limit still counts every pixel of the image."""
+    jpegs = np.array([encode("RGB", (1024, 768)), encode("RGB", (480, 360)), encode("RGB", (40, 30))], dtype=object)
+    assert check_pixels(jpegs, 1024 * 768, (64, 64)).tolist() == [128 * 96, 120 * 90, 40 * 30]
+    assert check_pixels(jpegs, 1024 * 768).tolist() == [1024 * 768, 480 * 360, 40 * 30]
+    with pytest.raises(ServingError, match="786432 pixels"):
+        check_pixels(jpegs, 1024 * 768 - 1, (64, 64))
+    png = np.array([encode("RGB", (1024, 768), "PNG")], dtype=object)
+    assert check_pixels(png, 1024 * 768, (64, 64)).tolist() == [1024 * 768], "only JPEGs decode scaled"
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_the_charge_is_the_size_the_graph_decodes(progressive):
+    """This module's rule, in Python, against training/preprocessing.decode_at_least's in the graph, on each side of
+    every scaling's threshold for 64 px (126 and 127 px for 1/2, 252 and 253 for 1/4, 504 and 505 for 1/8); a
+    progressive JPEG's coefficients are kept at full size whatever it decodes at."""
+    for width, height in [(126, 126), (127, 127), (252, 300), (253, 253), (504, 1000), (505, 505), (2000, 130)]:
+        data = encode("RGB", (width, height), progressive=progressive)
+        decoded = decode_at_least(data, 64, 64).shape
+        scaled, full = header_cost(data, (64, 64)), header_cost(data)
+        assert scaled is not None and full is not None
+        assert (scaled[0], scaled[1] - decoded[0] * decoded[1]) == (full[0], full[1] - width * height), (width, height)

@@ -9,7 +9,15 @@ import tensorflow as tf
 from PIL import Image
 
 from training import synth
-from training.preprocessing import brightness_contrast_scale, decode, preprocess_eval, preprocess_train, scale
+from training.preprocessing import (
+    brightness_contrast_scale,
+    decode,
+    decode_at_least,
+    decode_uint8,
+    preprocess_eval,
+    preprocess_train,
+    scale,
+)
 
 JPEG = synth.render("sunflowers", 4, size=(64, 48))
 
@@ -41,6 +49,35 @@ def test_every_format_decodes_to_the_same_rgb_pixels_in_0_1(fmt):
     assert decoded.shape == (48, 64, 3) and decoded.dtype == np.float32
     # PNG and BMP are lossless; JPEG decoders differ by rounding; GIF quantises to a palette.
     assert np.abs(decoded - pixels).mean() <= {"PNG": 1e-6, "BMP": 1e-6, "JPEG": 0.01, "GIF": 0.05}[fmt]
+
+
+def photo(width: int, height: int, fmt: str = "JPEG", **options) -> bytes:
+    buffer = io.BytesIO()
+    synth.render_image("roses", 7, size=(width, height)).save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("size, decoded", [
+    ((1024, 768), (96, 128)),  # 1/8: 128 x 96 still covers 64 x 64
+    ((480, 360), (90, 120)),  # 1/4: at 1/8 the height would be 45
+    ((129, 128), (64, 65)),  # 1/2, each side rounded up as libjpeg rounds it
+    ((128, 127), (64, 64)),
+    ((127, 400), (200, 64)),  # the narrower side decides
+    ((40, 30), (30, 40)),  # smaller than the input already: decoded in full
+], ids=["1024x768", "480x360", "129x128", "128x127", "127x400", "40x30"])
+def test_a_jpeg_decodes_at_the_smallest_dct_scaling_that_still_covers_the_input(size, decoded):
+    assert tuple(decode_at_least(photo(*size), 64, 64).shape) == (*decoded, 3)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP"])
+def test_other_formats_decode_in_full(fmt):
+    assert tuple(decode_at_least(photo(480, 360, fmt), 64, 64).shape) == (360, 480, 3)
+
+
+def test_a_jpeg_smaller_than_the_input_gives_what_a_full_decode_gives():
+    small = photo(40, 30)
+    full = scale(tf.image.resize(decode_uint8(small), [64, 64]) / 255.0)
+    np.testing.assert_array_equal(preprocess_eval(small, 64, 64).numpy(), full.numpy())
 
 
 @pytest.mark.parametrize("data", [b"", b"not an image", JPEG[:20]])
