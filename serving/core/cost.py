@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving.memory import BYTES_PER_PIXEL
+from serving.memory import BYTES_PER_PIXEL, HEADROOM, available_memory, cgroup_memory
 
 # A batch size within this of the cheapest per image is as good (the least of many calls still moves by 5-10% on a
 # busy machine); one dearer than that is dearer.
@@ -91,6 +91,14 @@ def _reset_peak() -> bool:
         return False
 
 
+def _room() -> int:
+    """Bytes a measured batch may add: half what the memory limit leaves, less the headroom, once what the cgroup
+    (or, without one, this process) holds is counted, as the pixel share is half of the budget."""
+    cgroup = cgroup_memory()
+    held = cgroup.usage if cgroup is not None and cgroup.limit is not None else (_resident() or (0, 0))[0]
+    return int((available_memory() * (1 - HEADROOM) - held) / 2)
+
+
 def _call(run: Callable[[dict[str, np.ndarray]], object], inputs: dict[str, np.ndarray]) -> tuple[float, int]:
     """CPU seconds of one call, and the bytes it added at its peak over what was resident before it (0 where they
     cannot be read)."""
@@ -116,7 +124,8 @@ def _size_cost(run: Callable[[dict[str, np.ndarray]], object], batch: dict[str, 
 def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np.ndarray], largest: int,
             seconds: float) -> BatchCost:
     """The cost of `run` on batches of `sample`'s first row, at 1, 2, 4, ... up to `largest` rows, within
-    `seconds`: a size whose calls would pass it (by the last size's CPU per image) is not started. The sizes are
+    `seconds`: a size whose calls would pass it (by the last size's CPU per image), or whose memory would pass
+    half what the memory limit leaves (by the most a row has added), is not started. The sizes are
     measured once in turn, then again, in turn, while the time lasts (PASSES at most), each keeping its least pass: a
     slow spell of the machine then falls on every size rather than on one."""
     started = time.monotonic()
@@ -124,11 +133,13 @@ def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np
     peak: dict[int, int] = {}
     wall: dict[int, float] = {}  # the latest pass's seconds per image, by which the time a size takes is foreseen
     batches = {}
-    size, rises = 1, 0
+    size, rises, room = 1, 0, _room()
 
     def fits(size: int) -> bool:
         if not cpu:
             return True
+        if size not in cpu and size * max(added // s for s, added in peak.items()) > room:
+            return False
         known = size if size in cpu else max(cpu)  # this size's own pace once it has one, else the largest's so far
         expected = max(CALLS * size * wall[known], SIZE_CPU_S * wall[known] / max(cpu[known], 1e-9))
         return time.monotonic() - started + expected <= seconds
