@@ -1,6 +1,7 @@
 """Petal's serving speed against the in-process limit and a naive Flask baseline (docs/protocols.md), per protocol.
 
-    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers] [--duration 4]
+    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers | --model mobilenet_v2]
+        [--duration 4]
 
 1. The images are what users send: synthetic flower photos from training.synth.render, 480x360 JPEGs (the
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).

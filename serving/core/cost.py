@@ -132,7 +132,7 @@ def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np
     cpu: dict[int, float] = {}  # CPU seconds per image, the least pass's
     peak: dict[int, int] = {}
     wall: dict[int, float] = {}  # the latest pass's seconds per image, by which the time a size takes is foreseen
-    batches = {}
+    batches: dict[int, dict[str, np.ndarray]] = {}
     size, rises, room = 1, 0, _room()
 
     def fits(size: int) -> bool:
