@@ -12,11 +12,12 @@ of a few passes) and the memory a call adds at its peak (the resident high-water
 The measure stops at its time bound, or once larger batches have cost more per image twice in a row, then measures
 the same sizes again while its time lasts.
 
-Where a larger batch was measured to cost more per image, the batcher forms batches of at most the largest size
-within COST_TOLERANCE of the cheapest per image; where none was (the sizes or the time ran out with batches still no
-dearer), of up to `max_batch_size`, as without the measure. Either way each row is charged the most memory a row
-added, in the pixel share of serving/core/budget.py, so that the batches formed and run at once stay within the
-memory budget.
+The batcher then forms batches of at most the largest size measured within COST_TOLERANCE of the cheapest per
+image; only where the largest size measured was the cheapest (the sizes or the time ran out while batches still got
+cheaper) of up to `max_batch_size`, as without the measure: a falling cost is carried on, a flat one is not, so
+that a busy machine, which leaves time for fewer sizes, never lifts the bound on a model that batches badly.
+Either way each row is charged the most memory a row added, in the pixel share of serving/core/budget.py, so that
+the batches formed and run at once stay within the memory budget.
 """
 from __future__ import annotations
 
@@ -162,6 +163,6 @@ def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np
                 measure_size(size)
     cheapest = min(cpu.values())
     good = [s for s, each in cpu.items() if each <= cheapest * (1 + COST_TOLERANCE)]
-    dearer = any(s > max(good) for s in cpu)
-    return BatchCost(max(good) if dearer or rises else largest, max(added // s for s, added in peak.items()),
+    falling = not rises and cpu[max(cpu)] == cheapest  # the largest size measured was the cheapest yet
+    return BatchCost(largest if falling else max(good), max(added // s for s, added in peak.items()),
                      {s: each * 1000 for s, each in cpu.items()}, peak, time.monotonic() - started)
