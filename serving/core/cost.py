@@ -39,7 +39,8 @@ PASSES = 3  # over the sizes, while the time lasts
 RISES = 2  # consecutive sizes dearer per image than the cheapest so far that end the measure
 STATUS = "/proc/self/status"
 CLEAR_REFS = "/proc/self/clear_refs"
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+_LIBC_PATH = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_PATH) if _LIBC_PATH else None
 
 
 @dataclass(frozen=True)
