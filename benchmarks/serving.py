@@ -1,6 +1,7 @@
 """Petal's serving speed against the in-process limit and a naive Flask baseline (docs/protocols.md), per protocol.
 
-    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers] [--duration 4]
+    .venv/bin/python benchmarks/serving.py [--model_base_path exported_models/flowers | --model mobilenet_v2]
+        [--duration 4]
 
 1. The images are what users send: synthetic flower photos from training.synth.render, 480x360 JPEGs (the
    primary table), and 64x64 thumbnails (so the case where HTTP overhead dominates is not hidden).
@@ -65,7 +66,7 @@ INFER_PATH = f"/v2/models/{MODEL}/infer"
 GRPC_PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GRPC_HEALTH = "/grpc.health.v1.Health/Check"
 PHOTOS = 8  # distinct photos per image set, cycled through by every client
-LIMIT_BATCH_SIZES = (1, 8, 16, 32, 64)
+LIMIT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 # --- load generator (runs in its own process; imports neither TensorFlow nor the server) ----------------------
@@ -642,14 +643,23 @@ def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
 def default_model(image_size: int) -> str:
     """The shipped model when it exists; otherwise an untrained "compact" model exported to a temp dir."""
     from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, exported_versions
+
+    if exported_versions(DEFAULT_MODEL_BASE_PATH):
+        return DEFAULT_MODEL_BASE_PATH
+    return random_weights_model("compact", image_size, tempfile.mkdtemp(prefix="petal-bench-"))
+
+
+def random_weights_model(name: str, image_size: int, folder: str) -> str:
+    """A model of training/models.py with random weights (nothing downloaded), exported by Petal's own export with
+    its JPEG signature into `folder`, once: a later run finds it there."""
+    from exported_models.model_format import exported_versions
     from training.export import export_saved_model
     from training.models import build_model
     from training.synth import CLASSES
 
-    if exported_versions(DEFAULT_MODEL_BASE_PATH):
-        return DEFAULT_MODEL_BASE_PATH
-    base = os.path.join(tempfile.mkdtemp(prefix="petal-bench-"), MODEL)
-    export_saved_model(build_model("compact", len(CLASSES), image_size), base, list(CLASSES), image_size, version=1)
+    base = os.path.join(folder, MODEL)
+    if not exported_versions(base):
+        export_saved_model(build_model(name, len(CLASSES), image_size), base, list(CLASSES), image_size, version=1)
     return base
 
 
@@ -852,7 +862,13 @@ def main() -> int:
         return limit_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_base_path", default=None, help="default: exported_models/flowers")
-    parser.add_argument("--image_size", type=int, default=64, help="model input size if no model is shipped")
+    parser.add_argument("--model", choices=("shipped", "mobilenet_v2"), default="shipped",
+                        help="mobilenet_v2: a model of realistic size instead of the shipped one, MobileNetV2 at "
+                        "--image_size 224 with random weights, exported by Petal's export (kept in the temporary "
+                        "folder for later runs)")
+    parser.add_argument("--image_size", type=int, default=None,
+                        help="model input size: of --model mobilenet_v2 (default 224), or if no model is shipped "
+                        "(default 64)")
     parser.add_argument("--photo_sizes", default="480x360,640x427,64x64",
                         help="WxH of the photo sets, first is primary")
     parser.add_argument("--concurrency", default="1,4,16,64")
@@ -880,7 +896,12 @@ def main() -> int:
 
     import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
 
-    base = args.model_base_path or default_model(args.image_size)
+    if args.model == "mobilenet_v2":
+        size = args.image_size or 224
+        base = random_weights_model("mobilenet_v2", size, os.path.join(tempfile.gettempdir(),
+                                                                        f"petal-bench-mobilenet_v2-{size}"))
+    else:
+        base = args.model_base_path or default_model(args.image_size or 64)
     from exported_models.model_format import latest_version
 
     model_dir = latest_version(base)

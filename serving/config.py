@@ -146,6 +146,8 @@ class DataPlaneOptions:
     model_cache_dir: str = ""  # where versions from object stores are downloaded; "": serving/core/source.py's default
     enable_batching: bool = True
     batching: BatchingOptions = field(default_factory=BatchingOptions)
+    batching_from_file: bool = False  # --batching_parameters_file: its batch sizes win over the measured ones
+    batch_cost_seconds: float = 2.0  # measuring each version's cost per batch size at load (0: not measured)
     enable_model_warmup: bool = True
     # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/config_files.py
     # `check_version_labels`)

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
          "the workers; default: petal-model-cache-UID in the temporary folder (Petal)")
     flag("--enable_batching", default=d.enable_batching, help="on by default in Petal (off in TF Serving)", **boolean)
     flag("--batching_parameters_file", default="", help="text-format BatchingParameters")
+    flag("--batch_cost_seconds", type=float, default=d.batch_cost_seconds,
+         help="(Petal) seconds each version's load may spend measuring its CPU and memory per image at each batch "
+         "size, from which its batches are sized and their memory budgeted (docs/performance.md); 0: not measured")
     flag("--rest_api_timeout_in_ms", type=int, default=d.rest_api_timeout_in_ms)
     flag("--enable_model_warmup", default=d.enable_model_warmup, **boolean)
     flag("--allow_version_labels_for_unavailable_models", default=d.allow_version_labels_for_unavailable_models,
@@ -240,6 +243,7 @@ def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
         check_model_config(values["model_config"], args.model_root)
     if args.batching_parameters_file:
         values["batching"] = read_batching_parameters(args.batching_parameters_file)
+        values["batching_from_file"] = True
     if args.monitoring_config_file:
         values["metrics_path"] = read_metrics_path(args.monitoring_config_file)
     if args.ssl_config_file:

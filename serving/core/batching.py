@@ -56,6 +56,7 @@ class BatchRequest:
     deadline: float | None = None
     api: str = "predict"
     batchable: bool = True
+    max_rows: int = 0  # the rows a batch of this key may hold, as its measured cost says; 0: max_batch_size
 
 
 class _Wakeless:
@@ -90,13 +91,14 @@ class _Task:
 
 
 class _Queue:
-    __slots__ = ("key", "run", "tasks", "rows")
+    __slots__ = ("key", "run", "tasks", "rows", "max_rows")
 
-    def __init__(self, key: BatchKey, run: RunFn):
+    def __init__(self, key: BatchKey, run: RunFn, max_rows: int):
         self.key = key
         self.run = run
         self.tasks: collections.deque[_Task] = collections.deque()
         self.rows = 0
+        self.max_rows = max_rows  # a batch's rows
 
 
 def _bug(error: Exception, key: BatchKey) -> ServingError:
@@ -170,7 +172,7 @@ class Batcher:
         deadline = request.deadline
         if deadline is not None and time.monotonic() >= deadline:
             raise deadline_exceeded("Deadline exceeded before the request was queued")
-        bounds = self._chunk_bounds(request.row_pixels)
+        bounds = self._chunk_bounds(request.row_pixels, self._max_rows(request))
         if len(bounds) == 1 and (not threads.on_event_loop() or threads.alone_on_loop() and self._short(request)):
             outputs = self._run_here(request)
             if outputs is not None:
@@ -260,15 +262,19 @@ class Batcher:
             self._metrics.record_execution(key.model, key.version, [t.queued_us for t in tasks],
                                            sum(t.size for t in tasks), padded, elapsed_us)
 
-    def _chunk_bounds(self, row_pixels: np.ndarray) -> list[tuple[int, int]]:
-        """Consecutive row ranges of at most max_batch_size rows and at most the pixel budget (or one row)."""
+    def _max_rows(self, request: BatchRequest) -> int:
+        """The rows one batch of the request's key may hold: what its measured cost chose, within max_batch_size."""
+        return min(request.max_rows, self.options.max_batch_size) if request.max_rows else self.options.max_batch_size
+
+    def _chunk_bounds(self, row_pixels: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
+        """Consecutive row ranges of at most `max_rows` rows and at most the pixel budget (or one row)."""
         rows = len(row_pixels)
         budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
-        if rows <= self.options.max_batch_size and (budget is None or rows == 1):
+        if rows <= max_rows and (budget is None or rows == 1):
             return [(0, rows)]  # a request that fits one batch whatever it decodes: no need to look at each row
         bounds, start, held = [], 0, 0
         for row, pixels in enumerate(row_pixels.tolist()):
-            full = row - start == self.options.max_batch_size or (budget is not None and held + pixels > budget)
+            full = row - start == max_rows or (budget is not None and held + pixels > budget)
             if row > start and full:
                 bounds.append((start, row))
                 start, held = row, 0
@@ -291,7 +297,7 @@ class Batcher:
         """The key's queue (call holding `_lock`)."""
         queue = self._queues.get(request.key)
         if queue is None:
-            queue = self._queues[request.key] = _Queue(request.key, request.run)
+            queue = self._queues[request.key] = _Queue(request.key, request.run, self._max_rows(request))
         return queue
 
     def _enqueue(self, request: BatchRequest, tasks: list[_Task]) -> None:
@@ -363,7 +369,7 @@ class Batcher:
             if not queue.tasks:
                 continue
             head = queue.tasks[0].enqueued
-            if queue.rows >= self.options.max_batch_size or now - head >= timeout:
+            if queue.rows >= queue.max_rows or now - head >= timeout:
                 if best is None or head < best.tasks[0].enqueued:
                     best = queue
             else:
@@ -372,12 +378,12 @@ class Batcher:
         return best, wait
 
     def _take(self, queue: _Queue) -> list[_Task]:
-        """The head tasks that fit one batch: max_batch_size rows, and the pixel budget after the first task."""
+        """The head tasks that fit one batch: the queue's `max_rows`, and the pixel budget after the first task."""
         tasks: list[_Task] = []
         rows, pixels, now = 0, 0, time.monotonic()
         budget = self.budget.pixel_limit if self.budget.pixel_limit > 0 else None
         model = queue.key.model
-        while queue.tasks and rows + queue.tasks[0].size <= self.options.max_batch_size and (
+        while queue.tasks and rows + queue.tasks[0].size <= queue.max_rows and (
                 not tasks or budget is None or pixels + queue.tasks[0].pixels <= budget):
             task = queue.tasks.popleft()
             pixels += task.pixels

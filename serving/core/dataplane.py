@@ -262,9 +262,13 @@ class DataPlane:
         arrays, batched, pixels = self._validate(info, inputs, servable.static_shapes, key in servable.batched,
                                                  servable.scaled_jpeg_inputs.get(key, {}))
         rows = next(iter(arrays.values())).shape[0] if batched else 1  # unbatched: one row of the whole request
+        cost = servable.costs.get(key)
+        if cost is not None:  # what a row's activations hold joins what its images decode to
+            pixels = pixels + cost.row_pixels
+        max_rows = 0 if cost is None or self.options.batching_from_file else cost.max_batch_size
         return self.batcher.run(BatchRequest(BatchKey(servable.model, servable.version, key),
                                              functools.partial(servable.run, key), arrays, rows, pixels, deadline,
-                                             api, batched))
+                                             api, batched, max_rows))
 
     def _validate(self, info: SignatureInfo, inputs: Mapping[str, object], static_shapes: bool = True,
                   signature_batches: bool = False, scaled_jpegs: Mapping[str, tuple[int, int]] | None = None,
@@ -404,7 +408,9 @@ class DataPlane:
         load_options = LoadOptions.from_flags(options.saved_model_tags, options.prefer_tflite_model,
                                               options.enable_batching)
         repository = Repository(options.model_config,
-                                loader(load_options, metrics, warmup=options.enable_model_warmup), metrics,
+                                loader(load_options, metrics, warmup=options.enable_model_warmup,
+                                       largest_batch=options.batching.max_batch_size if options.enable_batching else 0,
+                                       cost_seconds=options.batch_cost_seconds), metrics,
                                 options.file_system_poll_wait_seconds, on_unload=batcher.forget,
                                 drain_seconds=drain_seconds,
                                 allow_version_labels_for_unavailable_models=(

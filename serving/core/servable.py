@@ -15,7 +15,7 @@ import numpy as np
 
 from exported_models import model_format
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
-from serving.core import examples
+from serving.core import cost, examples
 from serving.core.batchable import unbatched_reason
 from serving.core.errors import ServingError, invalid
 from serving.core.loaders import LoadOptions, load
@@ -46,6 +46,8 @@ class Servable:
         self.class_names = model_format.class_names(path)
         self.scaled_jpeg_inputs = model_format.scaled_jpeg_inputs(path)  # what the memory budget charges JPEGs at
         self.warmup_records = 0  # replayed by `warmup`
+        self.costs: dict[str, cost.BatchCost] = {}  # by signature, measured after warmup (`measure_cost`)
+        self._cost_sample: tuple[str, dict[str, np.ndarray]] | None = None  # a warmup predict of a batched signature
         self.batched = self._batched_signatures() if options.batching else frozenset()
 
     def _batched_signatures(self) -> frozenset[str]:
@@ -81,6 +83,9 @@ class Servable:
                 if request.examples is None:
                     key, _ = self.signature(request.signature_name)
                     self.run(key, request.inputs)
+                    if self._cost_sample is None and key in self.batched and all(
+                            np.ndim(value) and len(value) for value in request.inputs.values()):
+                        self._cost_sample = key, request.inputs
                 for method, signature_name in request.tasks:
                     key, info = self.signature(signature_name)
                     examples.check_signature(method, info)
@@ -99,13 +104,27 @@ class Servable:
         self.warmup_records = count
         return count
 
+    def measure_cost(self, largest: int, seconds: float) -> None:
+        """Measure the cost per batch size (serving/core/cost.py) of the signature a warmup predict ran in batches,
+        on its first image; nothing without one."""
+        if self._cost_sample is None:
+            return
+        key, inputs = self._cost_sample
+        measured = self.costs[key] = cost.measure(functools.partial(self.run, key), inputs, largest, seconds)
+        logger.info("batch cost", extra={"fields": {"model": self.model, "version": self.version, "signature": key,
+                                                    **measured.fields()}})
 
-def loader(options: LoadOptions, metrics: Metrics, warmup: bool = True) -> Callable[[str, int, str], Servable]:
+
+def loader(options: LoadOptions, metrics: Metrics, warmup: bool = True, largest_batch: int = 0,
+           cost_seconds: float = 0.0) -> Callable[[str, int, str], Servable]:
     """The repository's loader (serving/core/repository.py), TF Serving's SavedModelBundle loader: a version is
-    loaded with these options and, with --enable_model_warmup, warmed up before the repository serves it."""
+    loaded with these options and, with --enable_model_warmup, warmed up before the repository serves it, then
+    its cost per batch size up to `largest_batch` measured for up to `cost_seconds` (none with either 0)."""
     def load(model: str, version: int, path: str) -> Servable:
         servable = Servable(model, version, path, options)
         if warmup:
             servable.warmup(metrics)
+            if largest_batch and cost_seconds > 0:
+                servable.measure_cost(largest_batch, cost_seconds)
         return servable
     return load

@@ -81,3 +81,69 @@ def test_a_fresh_pod_of_the_deployment_holds_a_pixel_flood_within_its_limit():
     assert peaks.working_set <= (1 - HEADROOM) * limit, summary
     assert peaks.last is not None and peaks.last.failed_charges == 0, summary
     assert peaks.last.oom_kills == 0 and alive, summary
+
+
+# --- a fresh pod serving a model whose batches' activations would pass its limit -------------------------------
+
+ROW_FLOATS = 24 << 20  # float32s a row of the hungry model tiles its input to: 96 MiB, twice (the tile, the product)
+HUNGRY_CLIENTS, HUNGRY_IMAGES = 8, 2  # 16 rows at once: 3 GiB of activations in one batch
+
+
+def hungry_model(base) -> str:
+    """A model of two tiny inputs' worth of pixels but 192 MiB of activations a row, exported with a warmup request
+    as Petal's export writes one: batched as the default `max_batch_size` allows, its batches hold gigabytes."""
+    import numpy as np
+    import tensorflow as tf
+
+    from exported_models import model_format
+    from server_harness import jpeg
+
+    class Hungry(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+        def serve(self, image_bytes):
+            lengths = tf.cast(tf.strings.length(image_bytes), tf.float32)
+            total = tf.reduce_sum(tf.tile(lengths[:, None], [1, ROW_FLOATS]) * 0.5, axis=1)
+            return {"probabilities": tf.stack([tf.sigmoid(total), 1 - tf.sigmoid(total)], axis=1)}
+
+    module = Hungry()
+    version = str(base / "1")
+    tf.saved_model.save(module, version, signatures={"serving_default": module.serve})
+    model_format.write_warmup(version, "flowers", [model_format.WarmupRequest(
+        "serving_default", {"image_bytes": np.array([jpeg()], dtype=object)})])
+    return str(base)
+
+
+def test_a_fresh_pod_budgets_the_activations_of_a_model_whose_batches_would_pass_its_limit(tmp_path):
+    """The hungry model in a fresh pod of the Deployment's limit, 16 rows sent at once: its batches, as large as
+    `max_batch_size` lets them (its CPU per image is the same at every size, so its measured cost caps nothing),
+    would hold 3 GiB of activations. The load measures a row's (serving/core/cost.py) and the budget charges each
+    batch for them, so every request is answered 200 and the working set stays within 85% of the limit, with no
+    failed charge and nothing OOM-killed."""
+    from load_tests.pixel_flood import flood, flood_requests
+    from server_harness import jpeg, run_server
+
+    reason = fresh_pod.unavailable()
+    if reason:
+        pytest.skip(f"no fresh pod on this machine: {reason}")
+    container = pod_container(kubernetes_objects())
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    assert HUNGRY_CLIENTS * HUNGRY_IMAGES * 2 * ROW_FLOATS * 4 > limit, "the batches would not pass the limit"
+    base = hungry_model(tmp_path / "hungry")
+    with fresh_pod.fresh_pod(limit) as pod, \
+            run_server(*container["args"], "--model_name=flowers", f"--model_base_path={base}", env=pod.env,
+                       wrapper=pod.wrapper) as server:
+        idle = pod.read()
+        budget = budget_bytes(server)
+        with pod.sampled() as peaks:
+            statuses = flood(flood_requests("rest", server, jpeg(), HUNGRY_IMAGES, HUNGRY_CLIENTS, timeout_s=120))
+        alive = server.proc.poll() is None
+    summary = (f"limit {limit / MiB:.0f} MiB; idle usage {idle.usage / MiB:.0f}, working set "
+               f"{idle.working_set / MiB:.0f}; budget {budget / MiB:.0f}; peak working set "
+               f"{peaks.working_set / MiB:.0f} ({peaks.working_set / limit:.0%}), usage {peaks.usage / MiB:.0f}; "
+               f"answers {statuses}")
+    print(summary)  # where it ran and what it measured, for -rP
+    assert statuses == {200: HUNGRY_CLIENTS}, summary
+    assert peaks.working_set - idle.working_set > 2 * ROW_FLOATS * 4 * 0.9, f"no row ran at all ({summary})"
+    assert peaks.working_set <= (1 - HEADROOM) * limit, summary
+    assert peaks.last is not None and peaks.last.failed_charges == 0, summary
+    assert peaks.last.oom_kills == 0 and alive, summary

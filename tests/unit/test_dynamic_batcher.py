@@ -1,4 +1,5 @@
 """The dynamic batcher in-process: merging, padding, isolation, queue bound, deadlines, splitting."""
+import dataclasses
 import threading
 import time
 
@@ -344,4 +345,30 @@ def test_the_event_loop_runs_a_lone_short_call_itself_only_while_it_serves_one_c
     batch_thread = batcher._threads[0].ident
     assert fn.idents[0] == batch_thread, "a signature's first call: how long it takes is not known yet"
     assert fn.idents[1] == (loop if case == "alone" else batch_thread)
+    batcher.close()
+
+
+def test_a_key_whose_cost_caps_its_batches_gets_batches_no_larger_and_a_queue_as_long_as_before():
+    """A request's `max_rows` (what its model's measured cost chose, serving/core/cost.py) bounds the batches of its
+    key, below max_batch_size; the queue still holds max_enqueued_batches x max_batch_size rows, so the smaller
+    batches refuse no more requests."""
+    batcher = Batcher(BatchingOptions(max_batch_size=8, max_enqueued_batches=2, num_batch_threads=1), Metrics())
+    fn = Recorder(delay=0.02)
+    results, errors = {}, {}
+
+    def one(v):
+        try:
+            results[v] = batcher.run(dataclasses.replace(request(fn, np.array([[v]], np.float32)), max_rows=2))
+        except ServingError as error:
+            errors[v] = error
+    workers = [threading.Thread(target=one, args=(v,)) for v in range(16)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors and sorted(results) == list(range(16))
+    assert max(b.shape[0] for b in fn.batches) == 2 and any(b.shape[0] == 2 for b in fn.batches)
+    assert all(results[v]["y"].tolist() == [[2.0 * v]] for v in results)
+    split = batcher.run(dataclasses.replace(request(fn, np.arange(5, dtype=np.float32).reshape(5, 1)), max_rows=2))
+    assert split["y"][:, 0].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0] and max(b.shape[0] for b in fn.batches) == 2
     batcher.close()
