@@ -134,7 +134,9 @@ class DeadlineSocket:
                 pass
 
     def start_body(self) -> None:
-        """A request's headers have arrived: its body is next, and the response's first write is its header block."""
+        """A request's headers have arrived: its body is next, and the response's first write is its header block.
+        Called again by a request that waited for the server's start-up before reading its body (its clock starts
+        once the server is ready to read it)."""
         self._phase, self._deadline = "body", time.monotonic() + self._body_s
         self._hold = True
 

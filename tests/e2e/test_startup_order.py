@@ -86,14 +86,16 @@ def startup(tmp_path_factory) -> dict:
     root = str(tmp_path_factory.mktemp("startup"))
     base = slow_model(root)
     path = os.path.join(root, "grpc.sock")
-    image = base64.b64encode(jpeg(seed=1)).decode()
+    image = base64.b64encode(jpeg(size=256, seed=1)).decode()  # past the front end's first read of 8 KiB
     seen: dict = {}
     # A REST deadline of about 300 years: far past threading.TIMEOUT_MAX, where a wait raised OverflowError (500).
+    # A body timeout shorter than the load: a REST call's body is read once the load is over, its clock started then
+    # (it was started as the head arrived, and a load longer than the timeout answered 408).
     # Two flags that change nothing in Petal, and one Petal takes silently (its own behaviour).
     with run_server(f"--model_base_path={base}", "--model_name=slow", f"--grpc_socket_path={path}",
                     "--rest_api_timeout_in_ms=10000000000000", "--num_load_threads=2",
                     "--xla_cpu_compilation_enabled=false", "--enable_grpc_healthcheck_service=true",
-                    wait_ready=False) as server:
+                    "--request_body_timeout=1", wait_ready=False) as server:
         grpc_address = ("127.0.0.1", server.grpc_port)
         seen["readyz while live"] = get_status(server.rest_url + "/readyz")
         seen["grpc port open while live"] = connects(grpc_address)

@@ -239,12 +239,13 @@ def test_a_body_is_charged_as_it_arrives_and_the_first_piece_past_the_budget_is_
 @pytest.mark.parametrize("scaled", [True, False], ids=["as exported", "without the export's record"])
 def test_a_jpeg_holds_the_pixels_its_signature_decodes(make_dataplane, tmp_path, monkeypatch, scaled):
     """The tiny model's signature decodes a 1024x768 JPEG at 1/8 (128x96 still covers 32x32), and one of 32x32 in
-    full, as its export records; a copy without that record is charged in full, as any other model is."""
+    full, as its export records; a copy without that record is charged in full, as any other model is. (Without
+    the batch cost's measure, whose charge for a row's activations joins these: tests/unit/test_batch_cost.py.)"""
     base = tmp_path / "flowers"
     shutil.copytree(tiny_model_base(), base)
     if not scaled:
         os.remove(base / "1" / SCALED_JPEG_FILE)
-    dataplane = make_dataplane(model_base_path=str(base), memory_budget_bytes=BUDGET)
+    dataplane = make_dataplane(model_base_path=str(base), memory_budget_bytes=BUDGET, batch_cost_seconds=0)
     charged = []
     run = dataplane.batcher.run
     monkeypatch.setattr(dataplane.batcher, "run", lambda request: charged.append(request.row_pixels.tolist()) or run(

@@ -198,6 +198,11 @@ def create_app(dataplane: DataPlane, protocols: ProtocolOptions | None = None,
         if request.blueprint in MODEL_API_BLUEPRINTS and request.endpoint not in NO_WAIT_ENDPOINTS \
                 and request.method != "OPTIONS":  # a CORS preflight asks nothing of a model
             dataplane.wait_started(time.monotonic() + protocols.rest_api_timeout_in_ms / 1000.0)
+            # the body is read only now: --request_body_timeout counts from here, not from its head's arrival
+            # (the gevent front end's socket; a start-up longer than that timeout answered 408)
+            restart = getattr(request.environ.get("gunicorn.socket"), "start_body", None)
+            if restart is not None:
+                restart()
 
     admission.install(app, dataplane)
 
