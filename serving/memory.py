@@ -235,12 +235,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_C_LIBRARY = ctypes.CDLL(None)  # the process's C library (glibc's heap controls, where it is glibc)
+
+
 def return_freed_blocks() -> bool:
     """Have blocks of MMAP_THRESHOLD_BYTES or more mapped on their own, so that what a request gives back to the
     memory budget is given back to the system too, whichever thread frees it; False where the C library is not
     glibc (its `mallopt` absent, or a stub that refuses it) and nothing changed."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    mallopt = getattr(_C_LIBRARY, "mallopt", None)
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere)."""
+    malloc_trim = getattr(_C_LIBRARY, "malloc_trim", None)
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def default_pixel_share(budget: int, max_image_pixels: int) -> int:

@@ -21,15 +21,13 @@ the batches formed and run at once stay within the memory budget.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving.memory import BYTES_PER_PIXEL, HEADROOM, available_memory, cgroup_memory
+from serving.memory import BYTES_PER_PIXEL, HEADROOM, available_memory, cgroup_memory, trim_heap
 
 # A batch size within this of the cheapest per image is as good (the least of many calls still moves by 5-10% on a
 # busy machine); one dearer than that is dearer.
@@ -39,8 +37,6 @@ PASSES = 3  # over the sizes, while the time lasts
 RISES = 2  # consecutive sizes dearer per image than the cheapest so far that end the measure
 STATUS = "/proc/self/status"
 CLEAR_REFS = "/proc/self/clear_refs"
-_LIBC_PATH = ctypes.util.find_library("c")
-_LIBC = ctypes.CDLL(_LIBC_PATH) if _LIBC_PATH else None
 
 
 @dataclass(frozen=True)
@@ -75,16 +71,9 @@ def _resident() -> tuple[int, int] | None:
         return None
 
 
-def _trim() -> None:
-    """Give the C heap's free pages back (glibc's malloc_trim), so that what a call adds is its own allocations,
-    not less for the pages an earlier call freed and the heap kept."""
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
-
-
 def _reset_peak() -> bool:
     """Reset the resident high-water mark to what is resident now (Linux's clear_refs "5")."""
-    _trim()
+    trim_heap()  # so that what a call adds is its own, not less for pages an earlier call freed and kept
     try:
         with open(CLEAR_REFS, "w") as f:
             f.write("5")
