@@ -217,7 +217,7 @@ class Starter(futures.ThreadPoolExecutor):
             return
         self.receiving = True
         assert self.run_args is not None
-        fn, args, kwargs = self.run_args
+        (fn, args, kwargs), self.run_args = self.run_args, None  # args hold grpcio's handler, which holds this
         if _RECEIVE is None or len(args) != 7:
             self.start(fn, args, kwargs)
         else:
@@ -267,6 +267,7 @@ class Starter(futures.ThreadPoolExecutor):
 
     def stop(self, code: grpc.StatusCode, details: str) -> None:
         """End a call whose message was never asked for: it takes no thread."""
+        self.run_args = None
         self.end(code, details)
         if self.logged is not None:
             self.logged.ended(self.call, self.started, code)

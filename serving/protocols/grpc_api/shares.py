@@ -56,7 +56,7 @@ class Shares:
     def claim(self, claim: Claim, park: bool = True) -> str:
         """HOLDING (a slot, free or taken from a peer holding more), PARKED (waiting; only with `park`) or REFUSED
         (no slot and no room to wait, from no peer holding more)."""
-        cut = None
+        cut = taken = None
         with self.lock:
             claim.shares = self
             if self.free > 0:
@@ -81,8 +81,9 @@ class Shares:
                 self.parked[claim] = None
             if cut is not None:
                 cut.state = DONE
-        if cut is not None and cut.cut is not None:
-            cut.cut()
+                taken, cut.granted, cut.cut = cut.cut, None, None
+        if taken is not None:
+            taken()
         return state
 
     def release(self, claim: Claim) -> None:
@@ -100,6 +101,7 @@ class Shares:
             elif claim.state == PARKED:
                 del self.parked[claim]
             claim.state = DONE
+            claim.granted = claim.cut = None  # the call's own methods: kept, its call would wait for the cyclic GC
         if granted is not None and granted.granted is not None:
             granted.granted()
 
