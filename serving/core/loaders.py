@@ -49,8 +49,9 @@ class LoadOptions:
         return cls(tags or DEFAULT_TAGS, prefer_tflite_model, enable_batching)
 
 
-class Loaded(Protocol):
-    """A loaded model as the servable runs it: `run` fetches only `output_names` (aliases of the signature).
+class RuntimeModel(Protocol):
+    """A version loaded into one of the runtimes (`FunctionModel`, `SessionModel`, TFLite's `TfLiteModel`), as the
+    servable runs it: `run` fetches only `output_names` (aliases of the signature).
     `metadata` is the SavedModel's whole signature_def map, as TF Serving's metadata lists it."""
     format: str
     signatures: dict[str, SignatureInfo]
@@ -66,7 +67,7 @@ def status_error(error: tf.errors.OpError) -> ServingError:
     return ServingError(code, op_error_message(error.message) or str(error))
 
 
-def load(path: str, options: LoadOptions) -> Loaded:
+def load(path: str, options: LoadOptions) -> RuntimeModel:
     if options.prefer_tflite and os.path.exists(os.path.join(path, model_format.TFLITE_FILE)):
         from serving.core.tflite import TfLiteModel  # only TFLite servers pay for the interpreter's import
 

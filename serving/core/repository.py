@@ -63,8 +63,9 @@ class VersionStatus:
     error_message: str = ""
 
 
-class Loaded(Protocol):
-    """What the repository reads of a loaded version: only what its "version available" log line says of it."""
+class LoadedVersion(Protocol):
+    """What the repository reads of a version its loader made (the real one: serving/core/servable.py's `Servable`):
+    only what its "version available" log line says of it."""
 
     @property
     def format(self) -> str: ...
@@ -73,7 +74,7 @@ class Loaded(Protocol):
     def warmup_records(self) -> int: ...
 
 
-S = TypeVar("S", bound=Loaded)
+S = TypeVar("S", bound=LoadedVersion)
 # The loader: (model name, version, folder) -> the version loaded and warmed up, ready to serve; raises otherwise.
 Load = Callable[[str, int, str], S]
 

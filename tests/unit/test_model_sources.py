@@ -50,7 +50,7 @@ class Loads:
         assert os.path.isfile(os.path.join(folder, "saved_model.pb")), "the version is local and whole"
         if version in self.fail:
             raise ValueError("no variables")
-        return type("Loaded", (), {"format": "fake", "warmup_records": 0, "version": version})()
+        return type("LoadedVersion", (), {"format": "fake", "warmup_records": 0, "version": version})()
 
 
 class Unreachable(ModelSource):
