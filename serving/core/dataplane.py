@@ -26,8 +26,8 @@ from serving.core import examples, images
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
-from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionState, VersionStatus
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable, loader
 from serving.core.source import ModelSource
 from serving.core.startup import Startup

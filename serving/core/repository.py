@@ -86,7 +86,7 @@ def load_failure(error: Exception) -> tuple[str, str]:
     Petal's, UNKNOWN, said as "Failed to load: ..."."""
     tf = sys.modules.get("tensorflow")  # not imported: the error cannot be one of TensorFlow's (a fake loader's)
     if tf is not None and isinstance(error, tf.errors.OpError):
-        from serving.core.loaders import status_error  # TensorFlow is imported already
+        from serving.core.runtimes import status_error  # TensorFlow is imported already
 
         status = status_error(error)
         return status.code.name, status.message

@@ -1,7 +1,7 @@
 """One loaded model version: its signatures, class names and model, run and warmed up.
 
 Loading reads everything through the model-format contract (exported_models/model_format.py), so the server reads
-exactly what training wrote; serving/core/loaders.py picks how the version runs (TF2 functions, a TF1 Session, or
+exactly what training wrote; serving/core/runtimes.py picks how the version runs (TF2 functions, a TF1 Session, or
 TFLite), and this class is the same whichever it is.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core import cost, examples
 from serving.core.batchable import unbatched_reason
 from serving.core.errors import ServingError, invalid
-from serving.core.loaders import LoadOptions, load
 from serving.core.repository import load_failure
+from serving.core.runtimes import LoadOptions, load
 from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import copy_model, tiny_model_base
-from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable, loader
 from serving.metrics import Metrics
 

@@ -1,5 +1,5 @@
 """Which thread serves the worker's only request in flight (serving/threads.py): such a thread runs a Session's
-graph itself (serving/core/loaders.py), so a wrong answer either costs a lone request its thread switches or puts
+graph itself (serving/core/runtimes.py), so a wrong answer either costs a lone request its thread switches or puts
 the model's work at full priority beside other requests' readers."""
 import threading
 

@@ -1,4 +1,6 @@
-"""How a version folder becomes something that runs signatures, the way TF Serving's SavedModelBundle loads it.
+"""Which runtime a version folder runs in, and how it becomes something that runs signatures there, the way TF
+Serving's SavedModelBundle loads it. (TF Serving's Loader, which the repository is given, is serving/core/servable.py's
+`loader`, over this module.)
 
 - A TF2 SavedModel (one meta graph with an object graph, as `tf.saved_model.save` and Keras write) runs in a
   Session too, as TF Serving runs it, when its graph stands alone: every signature tensor dense and every variable
