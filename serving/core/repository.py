@@ -130,9 +130,10 @@ class Reload:
     mark: int
 
 
-class _Serving(Generic[S]):
-    """`Repository.serving`'s hold on one version (a class rather than a generator: it is entered on every request,
-    and a generator-based context manager costs six Python calls to this one's two)."""
+class ServableHandle(Generic[S]):
+    """A request's hold on the version it runs on, which an unload waits for, as TF Serving's ServableHandle is one:
+    what `Repository.servable_handle` returns (a class rather than a generator: it is entered on every request, and a
+    generator-based context manager costs six Python calls to this one's two)."""
     __slots__ = ("_repository", "_request", "_entry")
 
     def __init__(self, repository: Repository[S], name: str, version: int | None, label: str | None) -> None:
@@ -492,10 +493,10 @@ class Repository(Generic[S]):
                 raise self._no_versions(name, model)
             return [versions[v].status for v in sorted(versions, reverse=True)]
 
-    def serving(self, name: str, version: int | None = None, label: str | None = None) -> _Serving[S]:
+    def servable_handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle[S]:
         """The servable a request runs on, held by a `with` block so that an unload waits for the request to
         finish."""
-        return _Serving(self, name, version, label)
+        return ServableHandle(self, name, version, label)
 
 
     def _find(self, name: str, version: int | None) -> tuple[_Version[S], S]:

@@ -71,7 +71,7 @@ def repository(source: ModelSource, loads: Loads, metrics: Metrics | None = None
 
 
 def served(repo: Repository) -> int:
-    with repo.serving("m") as version:
+    with repo.servable_handle("m") as version:
         return version.version
 
 

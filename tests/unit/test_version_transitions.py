@@ -113,7 +113,7 @@ def states(repo: Repository, model: str = "m") -> dict[int, VersionState]:
 
 
 def served(repo: Repository, model: str = "m", **spec) -> int:
-    with repo.serving(model, **spec) as version:
+    with repo.servable_handle(model, **spec) as version:
         return version.version
 
 
@@ -364,7 +364,7 @@ def test_an_unload_waits_for_the_requests_in_flight_on_the_old_version(models):
     repo = models.repository(m="")
     repo.poll_now()
     models.publish("m", 2)
-    with repo.serving("m") as held:
+    with repo.servable_handle("m") as held:
         poller = in_background(repo.poll_now)
         wait_until(lambda: states(repo).get(1) == UNLOADING)
         assert states(repo) == {2: AVAILABLE, 1: UNLOADING} and served(repo) == 2, "new requests go to 2"
@@ -382,7 +382,7 @@ def test_a_stuck_request_holds_an_unload_no_longer_than_drain_seconds(models):
     repo = models.repository(m="", drain_seconds=0.1)
     repo.poll_now()
     models.publish("m", 2)
-    with repo.serving("m"):
+    with repo.servable_handle("m"):
         started = time.monotonic()
         repo.poll_now()
         assert 0.1 <= time.monotonic() - started < WAIT
@@ -394,7 +394,7 @@ def test_an_unloaded_version_is_let_go(models):
     models.publish("m", 1)
     repo = models.repository(m="")
     repo.poll_now()
-    with repo.serving("m") as version:
+    with repo.servable_handle("m") as version:
         gone = weakref.ref(version)
     del version
     models.publish("m", 2)
