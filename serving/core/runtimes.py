@@ -33,7 +33,7 @@ from tensorflow.python.util import deprecation
 from exported_models import model_format
 from exported_models.model_format import SignatureInfo
 from serving import threads
-from serving.core.errors import Code, ServingError, invalid, op_error_message
+from serving.core.errors import Code, ServingError, failed_to_load, invalid, op_error_message
 
 DEFAULT_TAGS = frozenset({"serve"})
 
@@ -67,6 +67,13 @@ def status_error(error: tf.errors.OpError) -> ServingError:
     """TensorFlow's error codes are the status codes, so the code carries over as it is."""
     code = Code[error_codes_pb2.Code.Name(error.error_code)]
     return ServingError(code, op_error_message(error.message) or str(error))
+
+
+def load_error(error: Exception) -> ServingError:
+    """What a failed load reports (serving/core/repository.py `load_failure`): a TensorFlow error keeps its own code
+    and message, as TF Serving keeps its loader's status (a corrupt variables.index is DATA_LOSS, a missing
+    saved_model.pb NOT_FOUND); anything else is Petal's (`failed_to_load`)."""
+    return status_error(error) if isinstance(error, tf.errors.OpError) else failed_to_load(error)
 
 
 def load(path: str, options: LoadOptions) -> RuntimeModel:

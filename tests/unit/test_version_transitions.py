@@ -281,19 +281,19 @@ def test_the_allow_flag_lets_a_new_or_kept_label_name_a_version_not_available_bu
 
 # --- failed loads -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("error", "message"), [
-    (ValueError("variables/ is incomplete"), "Failed to load: ValueError: variables/ is incomplete"),
-    (ServingError(Code.INVALID_ARGUMENT, "no meta graph with tags ['serve']"),
-     "Failed to load: no meta graph with tags ['serve']"),
-], ids=["any error", "a ServingError says only its message"])
-def test_a_failed_version_is_end_with_its_error_and_the_previous_one_keeps_serving(models, error, message):
+@pytest.mark.parametrize(("error", "code", "message"), [
+    (ValueError("variables/ is incomplete"), "UNKNOWN", "Failed to load: ValueError: variables/ is incomplete"),
+    (ServingError(Code.DATA_LOSS, "file is too short to be an sstable"), "DATA_LOSS",
+     "file is too short to be an sstable"),
+], ids=["any error", "a ServingError is the loader's status, kept as it is"])
+def test_a_failed_version_is_end_with_its_error_and_the_previous_one_keeps_serving(models, error, code, message):
     models.publish("m", 1)
     repo = models.repository(m="")
     repo.poll_now()
     models.fail("m", 2, error)
     models.publish("m", 2)
     repo.poll_now()
-    assert repo.status("m") == [VersionStatus(2, END, "UNKNOWN", message), VersionStatus(1, AVAILABLE)]
+    assert repo.status("m") == [VersionStatus(2, END, code, message), VersionStatus(1, AVAILABLE)]
     assert repo.ready() and served(repo) == 1
     assert models.events == ["loaded m 1", "settled", "failed m 2", "settled"]
 
