@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cpu_budget.py [--concurrency 1,16,64] [--protocols rest,grpc,v2] [--duration 6]
 
-1. The model alone: the shipped flowers signature run in this process as a worker runs it (serving/core/loaders.py's
+1. The model alone: the shipped flowers signature run in this process as a worker runs it (serving/core/runtimes.py's
    Session callable, on the TensorFlow runtime that serving/tensorflow_runtime.py sets up from the default flags:
    one intra-op thread per batch thread, no spin-waits), one caller, on batches of 1 to 64 of the 480x360 photos of
    benchmarks/serving.py: CPU per image at each batch size. What is above the best of these is the cost of

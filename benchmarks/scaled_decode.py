@@ -6,7 +6,7 @@ in one process, by photo size; with --eval_csv, also both exports' top-1 on an e
 For a change of what the export puts in the graph (since 2026-12-07 a JPEG decodes at the smallest DCT scaling that
 still covers the model's input: training/preprocessing.decode_at_least), which benchmarks/request_path.py does not
 see: it runs each checkout's code on this checkout's model. Here both versions of `exported_models/flowers` load
-through this checkout's loader (serving/core/loaders.py's Session callable, as Petal's workers call them) with one
+through this checkout's loader (serving/core/runtimes.py's Session callable, as Petal's workers call them) with one
 intra-op thread (Petal's split), and take turns, a call of each in each round, so the machine's drift falls on both
 alike. What is printed is each export's median process CPU per image (TensorFlow's pool threads included), and the
 median of the rounds' ratios with their range.
@@ -42,13 +42,13 @@ def main() -> int:
     import tensorflow as tf
 
     from exported_models.model_format import class_names, latest_version
-    from serving.core import loaders
+    from serving.core import runtimes
     from training.synth import CLASSES, render
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     paths = {"this checkout": latest_version(os.path.join(ROOT, MODEL_DIR)),
              os.path.basename(os.path.normpath(args.before)): latest_version(os.path.join(args.before, MODEL_DIR))}
-    models = {name: loaders.load(path, loaders.LoadOptions()) for name, path in paths.items()}
+    models = {name: runtimes.load(path, runtimes.LoadOptions()) for name, path in paths.items()}
     (this, before) = models
 
     def probabilities(name: str, jpegs: list[bytes]) -> np.ndarray:

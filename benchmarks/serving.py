@@ -479,7 +479,7 @@ def health_requests(protocol: str, port: int, pid: int) -> Requests:
 
 # How the limit calls the model: its signature as TensorFlow's own API gives it, under TensorFlow's thread pools and
 # under Petal's split (one intra-op thread per caller on a machine with as many cores as callers), and the way
-# Petal's workers call it (serving/core/loaders.py: a standalone TF2 graph through a Session callable, 1.05-1.18x
+# Petal's workers call it (serving/core/runtimes.py: a standalone TF2 graph through a Session callable, 1.05-1.18x
 # faster than the function), with Petal's split. The limit is the best of them, so a server tuned like Petal is not
 # flattered by a limit that is not. Each: (intra-op threads, 0 for TensorFlow's choice; through Petal's loader).
 LIMIT = "limit"  # the in-process limit's turn in a round, among the columns
@@ -545,9 +545,9 @@ def model_call(model_dir: str, loader: bool):
     import tensorflow as tf
 
     if loader:
-        from serving.core import loaders
+        from serving.core import runtimes
 
-        model = loaders.load(model_dir, loaders.LoadOptions())
+        model = runtimes.load(model_dir, runtimes.LoadOptions())
         return (lambda batch: model.run("serving_default", {"image_bytes": batch}, ["probabilities"]),
                 lambda jpegs: np.array(jpegs, dtype=object))
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]

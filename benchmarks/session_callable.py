@@ -1,6 +1,6 @@
 """The per-call cost of running a TF1 signature by tensor name: `Session.make_callable` with a feed list (which
 goes through `Session.run` and its Python feed checks) against a callable built from CallableOptions (the C++
-`Session::MakeCallable`, what serving/core/loaders.py's SessionModel uses). Both run on one Session, interleaved in
+`Session::MakeCallable`, what serving/core/runtimes.py's SessionModel uses). Both run on one Session, interleaved in
 rounds, so the ratio is measured side by side.
 
     .venv/bin/python benchmarks/session_callable.py [--rounds 30] [--calls 300]

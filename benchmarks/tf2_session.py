@@ -1,4 +1,4 @@
-"""The per-call cost of a TF2 SavedModel's signature run in a Session (serving/core/loaders.py's
+"""The per-call cost of a TF2 SavedModel's signature run in a Session (serving/core/runtimes.py's
 `SessionModel.of_tf2`, as TF Serving runs it) against its concrete function called flat (`FunctionModel`, the path
 for TF2 models whose graph cannot stand alone), side by side in one process, interleaved in rounds.
 
@@ -49,18 +49,18 @@ def main() -> int:
     import tensorflow as tf
 
     from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, latest_version, meta_graph, read_saved_model
-    from serving.core import loaders
+    from serving.core import runtimes
     from training.synth import CLASSES, render
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     path = latest_version(args.model_base_path or DEFAULT_MODEL_BASE_PATH)
-    tags = loaders.DEFAULT_TAGS
+    tags = runtimes.DEFAULT_TAGS
     graph = meta_graph(read_saved_model(path), set(tags))
-    session = loaders.SessionModel.of_tf2(path, graph, tags)
+    session = runtimes.SessionModel.of_tf2(path, graph, tags)
     if session is None:
         print(f"{path}: its graph does not stand alone, so Petal runs it as functions; nothing to compare")
         return 1
-    models = {"function (flat call)": loaders.FunctionModel(path, graph, tags), "Session (callable)": session}
+    models = {"function (flat call)": runtimes.FunctionModel(path, graph, tags), "Session (callable)": session}
     key = "serving_default"
     (name,) = graph.signature_def[key].inputs
     outputs = sorted(graph.signature_def[key].outputs)

@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from serving.core import Servable  # noqa: E402
-from serving.core.loaders import LoadOptions  # noqa: E402
+from serving.core.runtimes import LoadOptions  # noqa: E402
 from serving.launcher import running  # noqa: E402
 
 SIGNATURE = "predict_images"

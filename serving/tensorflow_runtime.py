@@ -48,7 +48,7 @@ def start_eager_context_with(config: config_pb2.ConfigProto, eager: context.Cont
     takes a config only where eager execution is off. The context keeps the ConfigProto it was created with and
     applies `tf.config`'s settings over it when it starts; the CPU device's intra-op pool, the inter-op pool and
     the GPU allocator are created then, from that merged config. Every TF1 Session created without a config of its
-    own (serving/core/loaders.py) takes the context's, so TF1 models get the same settings."""
+    own (serving/core/runtimes.py) takes the context's, so TF1 models get the same settings."""
     if eager._initialized:  # the context's own attributes: see above, there is no public way in
         raise RuntimeError("TensorFlow's runtime has already started")
     merged = config_pb2.ConfigProto()

@@ -68,7 +68,7 @@ def alone() -> bool:
     """Whether the calling thread serves the worker's only request in flight: the event loop while it serves a
     single connection, or a thread whose call a CallCount found alone. Such a thread may run a TF graph itself
     rather than hand it to TensorFlow's pool and wait, as nothing else is there to be served meanwhile
-    (serving/core/loaders.py)."""
+    (serving/core/runtimes.py)."""
     return alone_on_loop() if on_event_loop() else getattr(_marks, "alone", False)
 
 

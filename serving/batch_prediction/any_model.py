@@ -1,6 +1,6 @@
 """Any SavedModel in a batch job: one signature run on static padded batches through the server's own Servable.
 
-The server's loaders (serving/core/loaders.py: TF2 functions, a TF1 Session by tensor names) load the model, so a
+The server's runtimes (serving/core/runtimes.py: TF2 functions, a TF1 Session by tensor names) load the model, so a
 batch job runs whatever `petal serve` serves, and its answers are written as the server's REST API writes them:
 
 - Predict, for a signature on named tensors. A JSON line is one row, `{"key": K, "instance": V}`, where V is one

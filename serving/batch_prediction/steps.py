@@ -13,7 +13,7 @@ nothing else for the work itself, so both engines read, key, decode, batch, pred
   is padded and the padding rows are dropped again before anything is returned;
 - a result or an error as one JSON line, and the job's summary, which says whether rows in = results + errors.
 
-Any other SavedModel's parts (any_model, and the server's loaders and codecs behind it) are imported only by a job
+Any other SavedModel's parts (any_model, and the server's runtimes and codecs behind it) are imported only by a job
 that runs one, so that an image job's workers start without them (docs/batch.md, 'Lean workers').
 
 Every file is read and written through exported_models/storage.py, on a disk or an object store (`s3://`, `gs://`,

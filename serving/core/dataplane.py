@@ -26,8 +26,8 @@ from serving.core import examples, images
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, invalid
-from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository, VersionState, VersionStatus
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable, loader
 from serving.core.source import ModelSource
 from serving.core.startup import Startup
@@ -183,7 +183,7 @@ class DataPlane:
         between cannot unload the version the inputs were resolved against.
         """
         with _Observed(self.metrics, model, api, entrypoint) as observed, \
-                self.repository.serving(model, version, label) as servable:
+                self.repository.servable_handle(model, version, label) as servable:
             observed.version = servable.version
             if entrypoint == "GRPC" and (signature_name or DEFAULT_SIGNATURE) not in servable.signatures:
                 raise ServingError(Code.FAILED_PRECONDITION,  # TF Serving's gRPC text; REST's is the servable's
@@ -206,7 +206,7 @@ class DataPlane:
         image instead and answers every class, best first, as `classify_images` does.
         """
         with _Observed(self.metrics, model, api, entrypoint) as observed, \
-                self.repository.serving(model, version, label) as servable:
+                self.repository.servable_handle(model, version, label) as servable:
             observed.version = servable.version
             examples.check_tasks(tasks)
             infos = {}
@@ -309,7 +309,7 @@ class DataPlane:
                    internal: bool = False) -> tuple[int, dict[str, SignatureInfo]]:
         """The signatures requests can call; with `internal`, the SavedModel's whole signature_def map, which TF
         Serving's metadata lists (a TF2 model's `__saved_model_init_op` too)."""
-        with self.repository.serving(model, version, label) as servable:
+        with self.repository.servable_handle(model, version, label) as servable:
             return servable.version, servable.metadata if internal else servable.signatures
 
     def draining(self) -> bool:

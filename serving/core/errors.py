@@ -43,6 +43,13 @@ def deadline_exceeded(message: str) -> ServingError:
     return ServingError(Code.DEADLINE_EXCEEDED, message)
 
 
+def failed_to_load(error: Exception) -> ServingError:
+    """A load that failed for a reason of Petal's (not a status TensorFlow gave): UNKNOWN, "Failed to load: ...", with
+    a ServingError's message alone and anything else's type and text."""
+    message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
+    return ServingError(Code.UNKNOWN, f"Failed to load: {message}")
+
+
 def op_error_message(message: str) -> str:
     """The part of a TF error that says what was wrong, without node names, op tags and stack noise."""
     noise = ("Graph execution error", "Detected at node", "<stack traces", "\t", " ")

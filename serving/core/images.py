@@ -36,12 +36,6 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
 Image.MAX_IMAGE_PIXELS = None
 
 
-def jpeg_pixels(data: bytes) -> int | None:
-    """Width x height from a JPEG's frame header, which precedes the first scan; None if there is none."""
-    frame = jpeg_frame(data)
-    return frame.width * frame.height if frame else None
-
-
 class JpegFrame(NamedTuple):
     width: int
     height: int
@@ -162,13 +156,6 @@ def image_format(data: bytes) -> str | None:
         if data.startswith(magic):
             return name
     return "WEBP" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
-
-
-def header_pixels(data: bytes) -> int | None:
-    """Width x height from the header alone (times the frames of an animated GIF); None when the bytes are no
-    image Petal recognises (TF then decides)."""
-    cost = header_cost(data)
-    return cost[0] if cost else None
 
 
 def header_cost(data: bytes, scaled_to: tuple[int, int] | None = None) -> tuple[int, int] | None:

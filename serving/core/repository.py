@@ -8,8 +8,9 @@ saved_model.pb before variables/ is complete, and must not leave that version de
 
 The repository decides only *when* a version loads and unloads. *How* it loads is the loader it is given, TF
 Serving's Loader in small: a function from (model name, version, folder) to the loaded and warmed version, which
-raises if it cannot. The DataPlane passes the real one (serving/core/servable.py `loader`); a fake that succeeds,
-fails or hangs on cue tests the transitions in milliseconds. After a pass that loaded or unloaded anything,
+raises if it cannot, the status to report as a ServingError (`load_failure`). The DataPlane passes the real one
+(serving/core/servable.py `loader`, which alone knows TensorFlow's errors); a fake that succeeds, fails or hangs on
+cue tests the transitions in milliseconds. After a pass that loaded or unloaded anything,
 `settle_heap` runs (by default serving/core/heap.py's, which keeps GC pauses short with real models loaded).
 The rules are TF Serving's: docs/protocols.md, 'Versions'.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +32,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config_files import check_version_labels
 from serving.core import heap
-from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, not_found, unavailable
+from serving.core.errors import Code, ServingError, deadline_exceeded, failed_to_load, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
 from serving.core.source import ModelSource, Source
 from serving.metrics import Metrics
@@ -63,8 +63,9 @@ class VersionStatus:
     error_message: str = ""
 
 
-class Loaded(Protocol):
-    """What the repository reads of a loaded version: only what its "version available" log line says of it."""
+class LoadedVersion(Protocol):
+    """What the repository reads of a version its loader made (the real one: serving/core/servable.py's `Servable`):
+    only what its "version available" log line says of it."""
 
     @property
     def format(self) -> str: ...
@@ -73,24 +74,18 @@ class Loaded(Protocol):
     def warmup_records(self) -> int: ...
 
 
-S = TypeVar("S", bound=Loaded)
-# The loader: (model name, version, folder) -> the version loaded and warmed up, ready to serve; raises otherwise.
+S = TypeVar("S", bound=LoadedVersion)
+# The loader: (model name, version, folder) -> the version loaded and warmed up, ready to serve; raises otherwise
+# (`load_failure`).
 Load = Callable[[str, int, str], S]
 
 
-def load_failure(error: Exception) -> tuple[str, str]:
-    """A failed load's status, as (code name, message). TF Serving keeps the loader's status as it is
-    (core/loader_harness.cc `ErrorInternal`) and GetModelStatus reports it, so a TensorFlow error keeps its own code
-    and message: a corrupt variables.index is DATA_LOSS, a missing saved_model.pb NOT_FOUND. Anything else is
-    Petal's, UNKNOWN, said as "Failed to load: ..."."""
-    tf = sys.modules.get("tensorflow")  # not imported: the error cannot be one of TensorFlow's (a fake loader's)
-    if tf is not None and isinstance(error, tf.errors.OpError):
-        from serving.core.loaders import status_error  # TensorFlow is imported already
-
-        status = status_error(error)
-        return status.code.name, status.message
-    message = error.message if isinstance(error, ServingError) else f"{type(error).__name__}: {error}"
-    return "UNKNOWN", f"Failed to load: {message}"
+def load_failure(error: Exception) -> ServingError:
+    """A failed load's status. TF Serving keeps the status its loader returns as it is (core/loader_harness.cc
+    `ErrorInternal`) and GetModelStatus reports it: a loader says it by raising a ServingError (the real one,
+    serving/core/servable.py's `loader`, keeps a TensorFlow error's code and message). Anything else a loader raises
+    is Petal's, UNKNOWN, said as "Failed to load: ..."."""
+    return error if isinstance(error, ServingError) else failed_to_load(error)
 
 
 def not_available_message(failed: dict[str, VersionStatus]) -> str:
@@ -129,9 +124,10 @@ class Reload:
     mark: int
 
 
-class _Serving(Generic[S]):
-    """`Repository.serving`'s hold on one version (a class rather than a generator: it is entered on every request,
-    and a generator-based context manager costs six Python calls to this one's two)."""
+class ServableHandle(Generic[S]):
+    """A request's hold on the version it runs on, which an unload waits for, as TF Serving's ServableHandle is one:
+    what `Repository.servable_handle` returns (a class rather than a generator: it is entered on every request, and a
+    generator-based context manager costs six Python calls to this one's two)."""
     __slots__ = ("_repository", "_request", "_entry")
 
     def __init__(self, repository: Repository[S], name: str, version: int | None, label: str | None) -> None:
@@ -369,7 +365,8 @@ class Repository(Generic[S]):
             servable = self._load_version(name, version, folder)
         except Exception as error:
             self._source.release(location)
-            self._failed(name, entry, *load_failure(error), retry)
+            failure = load_failure(error)
+            self._failed(name, entry, failure.code.name, failure.message, retry)
             return
         elapsed = time.monotonic() - started
         self._metrics.load_latency.observe(elapsed * 1e6, model_name=name)
@@ -491,10 +488,10 @@ class Repository(Generic[S]):
                 raise self._no_versions(name, model)
             return [versions[v].status for v in sorted(versions, reverse=True)]
 
-    def serving(self, name: str, version: int | None = None, label: str | None = None) -> _Serving[S]:
+    def servable_handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle[S]:
         """The servable a request runs on, held by a `with` block so that an unload waits for the request to
         finish."""
-        return _Serving(self, name, version, label)
+        return ServableHandle(self, name, version, label)
 
 
     def _find(self, name: str, version: int | None) -> tuple[_Version[S], S]:

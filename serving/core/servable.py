@@ -1,7 +1,7 @@
 """One loaded model version: its signatures, class names and model, run and warmed up.
 
 Loading reads everything through the model-format contract (exported_models/model_format.py), so the server reads
-exactly what training wrote; serving/core/loaders.py picks how the version runs (TF2 functions, a TF1 Session, or
+exactly what training wrote; serving/core/runtimes.py picks how the version runs (TF2 functions, a TF1 Session, or
 TFLite), and this class is the same whichever it is.
 """
 from __future__ import annotations
@@ -18,8 +18,7 @@ from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core import cost, examples
 from serving.core.batchable import unbatched_reason
 from serving.core.errors import ServingError, invalid
-from serving.core.loaders import LoadOptions, load
-from serving.core.repository import load_failure
+from serving.core.runtimes import LoadOptions, load, load_error
 from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -91,11 +90,9 @@ class Servable:
                     examples.check_signature(method, info)
                     self.run(key, {examples.INPUTS: examples.serialized_examples(request.examples)})
                 count += 1
-        except ServingError as error:
-            status = f"{error.code.name}: {error.message}"
-            raise
         except Exception as error:
-            status = ": ".join(load_failure(error))
+            failure = error if isinstance(error, ServingError) else load_error(error)
+            status = f"{failure.code.name}: {failure.message}"
             raise
         finally:
             metrics.warmup_latency.observe((time.perf_counter() - start) * 1e6, model_path=self.path, status=status)
@@ -119,12 +116,16 @@ def loader(options: LoadOptions, metrics: Metrics, warmup: bool = True, largest_
            cost_seconds: float = 0.0) -> Callable[[str, int, str], Servable]:
     """The repository's loader (serving/core/repository.py), TF Serving's SavedModelBundle loader: a version is
     loaded with these options and, with --enable_model_warmup, warmed up before the repository serves it, then
-    its cost per batch size up to `largest_batch` measured for up to `cost_seconds` (none with either 0)."""
+    its cost per batch size up to `largest_batch` measured for up to `cost_seconds` (none with either 0). A load
+    that fails raises the status the repository reports (`load_error`)."""
     def load(model: str, version: int, path: str) -> Servable:
-        servable = Servable(model, version, path, options)
-        if warmup:
-            servable.warmup(metrics)
-            if largest_batch and cost_seconds > 0:
-                servable.measure_cost(largest_batch, cost_seconds)
+        try:
+            servable = Servable(model, version, path, options)
+            if warmup:
+                servable.warmup(metrics)
+                if largest_batch and cost_seconds > 0:
+                    servable.measure_cost(largest_batch, cost_seconds)
+        except Exception as error:
+            raise load_error(error) from error
         return servable
     return load

@@ -60,7 +60,7 @@ def test_one_client_never_wakes_a_batch_thread_and_several_do():
         # Handed over, each request wakes a batch thread (REQUESTS sleeps or more); on the loop none does, but a
         # call that a loaded machine made longer than the loop's bound (10 ms) hands the next one over.
         assert sum(alone.values()) - sum(before.values()) < REQUESTS // 2, (before, alone)
-        # The loop runs the graph itself (serving/core/loaders.py, SessionModel): TensorFlow's pool threads, which
+        # The loop runs the graph itself (serving/core/runtimes.py, SessionModel): TensorFlow's pool threads, which
         # woke several times a request when the Session ran it on them, stay asleep.
         assert sum(pool_alone.values()) - sum(pool_before.values()) < REQUESTS // 2, (pool_before, pool_alone)
 

@@ -10,8 +10,8 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import copy_model, tiny_model_base
-from serving.core.loaders import LoadOptions
 from serving.core.repository import Repository
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable, loader
 from serving.metrics import Metrics
 
@@ -42,7 +42,7 @@ def test_a_real_version_loads_warms_up_and_replaces_the_last_and_the_heap_settle
         # the exporter wrote 3 single-image requests plus one batch of all three
         assert metrics.warmup_requests.value(model_name="flowers", version="2") == 4
         assert gc.get_freeze_count() > 10_000, "TensorFlow's and the model's objects leave the collector's view"
-        with repo.serving("flowers") as servable:
+        with repo.servable_handle("flowers") as servable:
             assert servable.version == 2 and servable.class_names[0] == "daisy"
             gone = weakref.ref(servable._loaded)
         del servable
@@ -76,5 +76,5 @@ def test_version_copied_in_non_atomically_becomes_available(tmp_path):
     status = {s.version: s for s in repo.status("flowers")}
     assert status[2].state == "AVAILABLE" and status[2].error_code == "OK" and not status[2].error_message
     assert status[1].state == "END"
-    with repo.serving("flowers") as servable:
+    with repo.servable_handle("flowers") as servable:
         assert servable.version == 2 and servable.class_names[0] == "daisy"

@@ -11,7 +11,7 @@ The server reads a `--model_config_file` of these models, built in a temp folder
 - `half_plus_two_tf2`: the native TF2 tf.Module, `saved_model_half_plus_two_tf2_cpu`, whose predict input is
   TensorSpec([1]) and whose classify and regress signatures have the predict method;
 - `half_plus_two_tflite`: `saved_model_half_plus_two_tflite`, a version folder holding only `model.tflite`. It needs
-  `--prefer_tflite_model`, which (in TF Serving's SavedModelBundleFactory as in serving/core/loaders.py) picks
+  `--prefer_tflite_model`, which (in TF Serving's SavedModelBundleFactory as in serving/core/runtimes.py) picks
   TFLite only for a version folder that has a `model.tflite`: the others, which have none, stay on SavedModels;
 - `keras_export`: a Keras 3 `model.export()` (y = x . [1, 2, 3] + 0.5, tests/foreign_models.py);
 - `half_plus_three_pbtxt`: half_plus_three with its SavedModel as text, `saved_model.pbtxt` and no

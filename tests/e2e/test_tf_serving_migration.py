@@ -34,7 +34,9 @@ from server_harness import check_watcher_keeps_running_config, copy_model, in_pr
 from serving.config import BatchingOptions
 from serving.config_files import check_model_config, read_batching_parameters, read_model_config
 from serving.core.batching import Batcher, BatchKey, BatchRequest
-from serving.core.repository import Repository, VersionState, VersionStatus
+from serving.core.errors import Code, ServingError
+from serving.core.repository import VersionState, VersionStatus
+from serving.core.runtimes import load_error
 from serving.flags import parse_args
 from serving.metrics import Metrics
 from serving.protocols.grpc_api.tfserving import ModelService
@@ -265,15 +267,14 @@ def test_rest_status_and_get_model_status_report_the_failed_loads_code(client, d
      "OOM when allocating tensor"),
     (ValueError("The passed save_path is not a valid checkpoint"), "UNKNOWN",
      "Failed to load: ValueError: The passed save_path is not a valid checkpoint"),
-], ids=["not found", "resource exhausted", "not TensorFlow's"])
-def test_a_tensorflow_error_keeps_its_code_and_anything_else_is_unknown(tmp_path, error, code, message):
-    copy_model(str(tmp_path / "m"), 2)
-
-    def load(name: str, version: int, path: str):
-        raise error
-    repo = Repository(config(str(tmp_path / "m"), "m"), load, Metrics(), poll_seconds=0, settle_heap=lambda: None)
-    repo.poll_now()
-    assert repo.status("m") == [VersionStatus(2, VersionState.END, code, message)]
+    (ServingError(Code.INVALID_ARGUMENT, "no meta graph with tags ['serve']"), "UNKNOWN",
+     "Failed to load: no meta graph with tags ['serve']"),
+], ids=["not found", "resource exhausted", "not TensorFlow's", "a ServingError of Petal's says only its message"])
+def test_a_tensorflow_error_keeps_its_code_and_anything_else_is_unknown(error, code, message):
+    """What the real loader raises for a load that failed, the status the repository reports as it is
+    (tests/unit/test_version_transitions.py); the whole path, a corrupt variables.index to DATA_LOSS, is above."""
+    failure = load_error(error)
+    assert (failure.code.name, failure.message) == (code, message)
 
 
 # --- REST paths ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ PROBE = """
 import json, sys
 from serving import tensorflow_runtime
 from serving.flags import parse_args
-from serving.core.loaders import LoadOptions
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable
 import numpy as np
 from exported_models import tf_serving_models

@@ -1,7 +1,7 @@
 """SavedModels that Petal did not write, loaded in process as Servables (tests/foreign_models.py and
 exported_models/tf_serving_models.py build them): a TF1 graph's meta graph chosen by its tags, a model.tflite without
 signatures given TF Serving's generated one, a TF2 module in a Session and its signatures called flat, and Keras's own
-export, which only runs as functions (serving/core/loaders.py).
+export, which only runs as functions (serving/core/runtimes.py).
 The same models served by `petal serve` are
 tests/e2e/test_foreign_loading.py."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import foreign_models
 from exported_models import model_format, tf_serving_models
-from serving.core import Code, ServingError, loaders
-from serving.core.loaders import LoadOptions
+from serving.core import Code, ServingError, runtimes
+from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable
 
 
@@ -56,7 +56,7 @@ MULTI_OUTPUTS = {"sum": [3, 7], "length": [3, 0], "echo_bytes": [b"abc", b""]}
 
 def test_a_tf2_signature_called_flat_maps_inputs_and_outputs_by_name_and_refuses_bad_input(tmp_path):
     path = foreign_models.tf2_module(str(tmp_path))
-    model = loaders.FunctionModel(path, model_format.meta_graph(model_format.read_saved_model(path), {"serve"}),
+    model = runtimes.FunctionModel(path, model_format.meta_graph(model_format.read_saved_model(path), {"serve"}),
                                   frozenset({"serve"}))
     run = functools.partial(model.run, "multi", output_names=["sum", "length", "echo_bytes"])
     got = run(MULTI_INPUTS)  # two inputs, three outputs: the flat orders are not the given ones

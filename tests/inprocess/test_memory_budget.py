@@ -293,7 +293,7 @@ def test_v2_binary_bytes_are_charged_for_the_objects_they_decode_to_before_they_
     assert dataplane.memory.held == 0
 
 
-def test_examples_are_charged_for_the_context_copied_into_each_before_it_is_copied(client, dataplane):
+def test_examples_are_charged_for_the_context_copied_into_each_before_it_is_copied(client, dataplane, monkeypatch):
     """A classify of one context and many empty examples is small on the wire, but every example is served with the
     context's bytes before its own (as TF Serving feeds them): 64 KB of context and 100 examples are a 90 KB body
     and 13 MB of examples, past this budget, refused before they are built. Fewer fit, held while the call runs."""
@@ -305,18 +305,15 @@ def test_examples_are_charged_for_the_context_copied_into_each_before_it_is_copi
     assert dataplane.memory.held == 0
 
     seen = []
-    original = dataplane._run_tasks
+    acquire = dataplane.memory.acquire
 
-    def spy(*args, **kwargs):
-        seen.append(dataplane.memory.held)
-        return original(*args, **kwargs)
-    dataplane._run_tasks = spy
-    try:
-        small = json.dumps({"context": {"image_bytes": b64(jpeg())}, "examples": [{}] * 3}).encode()
-        response = client.post("/v1/models/flowers:classify", data=small, content_type="application/json")
-        assert response.status_code == 200, response.get_data(as_text=True)
-    finally:
-        del dataplane._run_tasks
+    def spy(pixels: int, deadline: float | None = None) -> bool:
+        seen.append(dataplane.memory.held)  # what the request holds as its model call waits for its pixels
+        return acquire(pixels, deadline)
+    monkeypatch.setattr(dataplane.memory, "acquire", spy)
+    small = json.dumps({"context": {"image_bytes": b64(jpeg())}, "examples": [{}] * 3}).encode()
+    response = client.post("/v1/models/flowers:classify", data=small, content_type="application/json")
+    assert response.status_code == 200, response.get_data(as_text=True)
     assert len(response.get_json()["results"]) == 3
     assert seen and seen[0] > len(small) * BODY_BYTES_FACTOR + 3 * 2 * len(jpeg()), "the examples held as they run"
     assert dataplane.memory.held == 0

@@ -1,4 +1,5 @@
-"""The dynamic batcher in-process: merging, padding, isolation, queue bound, deadlines, splitting."""
+"""The dynamic batcher in-process: merging, padding, isolation, queue bound, deadlines (far ones too), splitting, and
+the pixel budget its calls wait for."""
 import dataclasses
 import threading
 import time
@@ -250,6 +251,32 @@ def test_pixel_budget_waits_and_lets_an_oversized_call_run_alone():
     assert budget.acquire(50)  # larger than the budget: runs alone rather than never
     budget.release(50)
     assert MemoryBudget(-1, -1).acquire(10 ** 12)
+
+
+# A deadline past threading.TIMEOUT_MAX (Triton's perf_analyzer sends them): its wait raised OverflowError, which
+# became INTERNAL or a 500.
+FAR = 2 * threading.TIMEOUT_MAX
+
+
+def test_the_pixel_budget_waits_for_room_under_a_far_deadline():
+    budget = MemoryBudget(0, 10)
+    assert budget.acquire(8)
+    threading.Timer(0.2, budget.release, args=(8,)).start()
+    assert budget.acquire(8, time.monotonic() + FAR)
+
+
+def test_a_batched_request_with_a_far_deadline_runs():
+    # a batch timeout, so the request waits in the queue for a batch thread rather than running on its own
+    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=1, batch_timeout_micros=1), Metrics())
+    try:
+        def slow_double(inputs):
+            time.sleep(0.1)  # the request is still waiting when the batch thread runs it
+            return {"y": inputs["x"] * 2}
+        out = batcher.run(BatchRequest(BatchKey("m", 1, "s"), slow_double, {"x": np.arange(3.0)}, 3,
+                                       np.zeros(3, np.int64), deadline=time.monotonic() + FAR))
+        assert out["y"].tolist() == [0.0, 2.0, 4.0]
+    finally:
+        batcher.close()
 
 
 def test_a_model_whose_outputs_do_not_follow_the_batch_answers_each_request_alone():

@@ -12,7 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from serving.core.errors import ServingError
-from serving.core.images import check_pixels, header_cost, header_pixels, jpeg_pixels
+from serving.core.images import check_pixels, header_cost, jpeg_frame
 from training.preprocessing import decode_at_least
 
 # JPEG XL files made by libjxl's cjxl (`cjxl -d 0 -e 1 W x H.png`, one with --container=1) from flat PNGs: sizes
@@ -37,7 +37,7 @@ def encode(mode: str, size: tuple[int, int], fmt: str = "JPEG", **options) -> by
 @pytest.mark.parametrize("size", [(1, 1), (480, 360), (3001, 17)])
 def test_jpeg_frame_header_gives_the_size_pillow_reads(mode, options, size):
     data = encode(mode, size, **options)
-    assert jpeg_pixels(data) == size[0] * size[1]
+    assert jpeg_frame(data)[:2] == size
     with Image.open(io.BytesIO(data)) as image:
         assert image.size == size
 
@@ -46,14 +46,14 @@ def test_a_claimed_size_is_read_without_decoding():
     data = bytearray(encode("L", (8, 8)))
     frame = data.index(b"\xff\xc0")
     struct.pack_into(">HH", data, frame + 5, 50000, 50000)  # a bomb: the header claims 2.5 Gpx
-    assert jpeg_pixels(bytes(data)) == 50000 * 50000
+    assert jpeg_frame(bytes(data))[:2] == (50000, 50000)
     with pytest.raises(ServingError, match="2500000000 pixels"):
         check_pixels(np.array([bytes(data)], dtype=object), 10_000_000)
 
 
 def test_fill_bytes_before_a_marker_are_skipped():
     data = encode("RGB", (64, 48))
-    assert jpeg_pixels(data[:2] + b"\xff\xff\xff" + data[2:]) == 64 * 48
+    assert jpeg_frame(data[:2] + b"\xff\xff\xff" + data[2:])[:2] == (64, 48)
 
 
 def test_stray_bytes_before_a_marker_are_skipped_as_libjpeg_skips_them():
@@ -62,7 +62,7 @@ def test_stray_bytes_before_a_marker_are_skipped_as_libjpeg_skips_them():
     data = encode("RGB", (64, 48))
     frame = data.index(b"\xff\xc0")
     damaged = data[:frame] + b"\x00\x00" + data[frame:]
-    assert jpeg_pixels(damaged) == 64 * 48
+    assert jpeg_frame(damaged)[:2] == (64, 48)
     assert tf.io.decode_jpeg(damaged).shape == (48, 64, 3)
 
 
@@ -72,7 +72,9 @@ def test_a_jpeg_xl_size_is_the_one_tensorflow_decodes(path):
     84 KB passed --max_image_pixels."""
     data = path.read_bytes()
     height, width = tf.io.decode_image(data).shape[:2]
-    assert header_pixels(data) == width * height == math.prod(map(int, path.name.split(".")[0].split("x")))
+    pixels = width * height
+    assert pixels == math.prod(map(int, path.name.split(".")[0].split("x")))  # the size its name says
+    assert header_cost(data) == (pixels, pixels)
 
 
 @pytest.mark.parametrize("data", [
@@ -85,9 +87,9 @@ def test_a_jpeg_xl_size_is_the_one_tensorflow_decodes(path):
 ], ids=["soi only", "lone marker", "truncated segment", "scan first", "end of image", "garbage"])
 def test_a_jpeg_without_a_size_is_refused_not_counted_as_none(data):
     """libjpeg cannot decode these either; refused, no JPEG whose size Petal missed passes as 0 pixels."""
-    assert jpeg_pixels(data) is None
+    assert jpeg_frame(data) is None
     with pytest.raises(ServingError, match="Invalid JPEG data: no image size in its header"):
-        header_pixels(data)
+        header_cost(data)
 
 
 def test_a_stuffed_zero_before_a_marker_is_read_past_as_libjpeg_reads_past_it():
@@ -95,7 +97,7 @@ def test_a_stuffed_zero_before_a_marker_is_read_past_as_libjpeg_reads_past_it():
     segment of length 0x7F7F, it made Petal jump past the frame header and count a 64-megapixel JPEG as none."""
     data = encode("RGB", (64, 48))
     stuffed = data[:2] + b"\xff\x00\x7f\x7f" + data[2:]
-    assert jpeg_pixels(stuffed) == 64 * 48
+    assert jpeg_frame(stuffed)[:2] == (64, 48)
     assert tf.io.decode_jpeg(stuffed).shape == (48, 64, 3)
 
 
@@ -110,7 +112,7 @@ def test_a_jpeg_xl_split_into_parts_is_read_across_them():
         return struct.pack(">I", 8 + len(payload)) + kind + payload
     container = b"\x00\x00\x00\x0cJXL \r\n\x87\n" + box(b"ftyp", b"jxl \x00\x00\x00\x00jxl ")
     split = container + box(b"jxlp", bytes(4) + codestream[:2]) + box(b"jxlp", b"\x80\x00\x00\x01" + codestream[2:])
-    assert header_pixels(split) == 1920 * 1080
+    assert header_cost(split) == (1920 * 1080, 1920 * 1080)
     assert tuple(tf.io.decode_image(split).shape[:2]) == (1080, 1920)
 
 
@@ -122,15 +124,15 @@ def test_an_animated_gif_counts_every_frame_tensorflow_reads():
     buffer = io.BytesIO()
     frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
     assert tf.io.decode_gif(buffer.getvalue()).shape[0] == 12
-    assert header_pixels(buffer.getvalue()) == 12 * 40 * 30
+    assert header_cost(buffer.getvalue()) == (12 * 40 * 30, 12 * 40 * 30)  # what the limit and the budget count
     with pytest.raises(ServingError, match="14400 pixels"):
         check_pixels(np.array([buffer.getvalue()], dtype=object), 40 * 30 * 11)
 
 
 def test_other_formats_are_read_by_pillow():
-    assert header_pixels(encode("RGB", (300, 200), "PNG")) == 60000
-    assert header_pixels(encode("RGB", (30, 20), "GIF")) == 600
-    assert header_pixels(b"plain text, no image at all") is None
+    assert header_cost(encode("RGB", (300, 200), "PNG")) == (60000, 60000)
+    assert header_cost(encode("RGB", (30, 20), "GIF")) == (600, 600)
+    assert header_cost(b"plain text, no image at all") is None
 
 
 def test_check_pixels_passes_images_under_the_limit_and_non_images():
@@ -155,7 +157,7 @@ def test_a_progressive_jpeg_is_charged_for_the_coefficients_its_decoder_keeps(su
         encoded[progressive] = buffer.getvalue()
     assert check_pixels(np.array([encoded[False]], dtype=object), 64 * 48).tolist() == [64 * 48]
     assert check_pixels(np.array([encoded[True]], dtype=object), 64 * 48).tolist() == [int(64 * 48 * charged)]
-    assert header_pixels(encoded[True]) == 64 * 48
+    assert header_cost(encoded[True])[0] == 64 * 48
 
 
 def test_a_jpeg_is_charged_at_the_dct_scaling_its_signature_decodes_it_at():

@@ -50,7 +50,7 @@ class Loads:
         assert os.path.isfile(os.path.join(folder, "saved_model.pb")), "the version is local and whole"
         if version in self.fail:
             raise ValueError("no variables")
-        return type("Loaded", (), {"format": "fake", "warmup_records": 0, "version": version})()
+        return type("LoadedVersion", (), {"format": "fake", "warmup_records": 0, "version": version})()
 
 
 class Unreachable(ModelSource):
@@ -71,7 +71,7 @@ def repository(source: ModelSource, loads: Loads, metrics: Metrics | None = None
 
 
 def served(repo: Repository) -> int:
-    with repo.serving("m") as version:
+    with repo.servable_handle("m") as version:
         return version.version
 
 

@@ -1,31 +1,21 @@
 """`petal serve` takes every tensorflow_model_server flag: the parser, the warning and refusal rules, the flags page,
-and the pieces behind three of them that need no server (the far-deadline waits, the start-up gate, the Unix
-socket's ownership). Servers that use them run in tests/e2e/test_grpc_socket.py and tests/e2e/test_startup_order.py."""
+and a --model_config_file that does not parse. What is behind a flag is tested where it lives: the Unix socket's
+ownership in test_unix_socket.py, the start-up gate in test_startup_gate.py, far deadlines in test_threads.py and
+test_dynamic_batcher.py."""
 from __future__ import annotations
 
-import logging
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 
-import numpy as np
 import pytest
 
 from exported_models import DEFAULT_MODEL_BASE_PATH
 from server_harness import ROOT
-from serving import threads
-from serving.config import BatchingOptions, option_defaults
-from serving.core.batching import Batcher, BatchKey, BatchRequest
-from serving.core.budget import MemoryBudget
-from serving.core.startup import Startup
+from serving.config import option_defaults
 from serving.flags import build_parser, parse_args
-from serving.metrics import Metrics
 from serving.model_server_flags import UNIMPLEMENTED
-from serving.protocols.grpc_api import unix_socket
 
 # Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
 # value of its type that Petal can honour.
@@ -172,147 +162,6 @@ def test_a_base_path_without_a_name_is_the_model_tf_serving_calls_default(flags,
     /v1/models/default finds the model; with neither flag Petal serves its own shipped model as flowers."""
     models = parse_args(flags).dataplane.model_config.model_config_list.config
     assert [(m.name, m.base_path) for m in models] == [(name, base_path)]
-
-
-# --- far deadlines: a wait past threading.TIMEOUT_MAX raised OverflowError, which became INTERNAL or a 500 -------
-
-FAR = 1e10  # seconds: beyond threading.TIMEOUT_MAX (about 9.2e9)
-
-
-def test_a_far_deadline_is_no_deadline_and_a_near_one_is_kept():
-    now = time.monotonic()
-    assert threads.timeout_until(None) is None
-    assert threads.timeout_until(now + FAR) is None
-    assert 0 < threads.timeout_until(now + 5) <= 5
-    assert threads.timeout_until(now - 1) == 0.0
-
-
-def test_the_pixel_budget_waits_for_room_under_a_far_deadline():
-    budget = MemoryBudget(0, 10)
-    assert budget.acquire(8)
-    threading.Timer(0.2, budget.release, args=(8,)).start()
-    assert budget.acquire(8, time.monotonic() + FAR)
-
-
-def test_a_batched_request_with_a_far_deadline_runs():
-    # a batch timeout, so the request waits in the queue for a batch thread rather than running on its own
-    batcher = Batcher(BatchingOptions(max_batch_size=4, num_batch_threads=1, batch_timeout_micros=1), Metrics())
-    try:
-        def slow_double(inputs):
-            time.sleep(0.1)  # the request is still waiting when the batch thread runs it
-            return {"y": inputs["x"] * 2}
-        out = batcher.run(BatchRequest(BatchKey("m", 1, "s"), slow_double, {"x": np.arange(3.0)}, 3,
-                                       np.zeros(3, np.int64), deadline=time.monotonic() + FAR))
-        assert out["y"].tolist() == [0.0, 2.0, 4.0]
-    finally:
-        batcher.close()
-
-
-# --- the start-up gate ----------------------------------------------------------------------------------------
-
-def test_startup_opens_once_loaded_and_every_port_is_open():
-    gate = Startup(ports=1)
-    assert not gate.wait(time.monotonic() + 0.05)
-    gate.loaded()
-    assert not gate.done and not gate.wait(time.monotonic() + 0.05)
-    opened = []
-    waiter = threading.Thread(target=lambda: opened.append(gate.wait(None)))
-    waiter.start()
-    time.sleep(0.05)
-    gate.port_opened()
-    waiter.join(5)
-    assert opened == [True] and gate.done
-    gate.loaded()  # said again by a second watcher of the load: nothing changes
-    assert gate.wait(time.monotonic())
-
-
-# --- the Unix socket: which worker binds it, taking it over from another server, and giving it back -------------
-
-def listening(path: str) -> socket.socket:
-    """A server's socket listening at `path`."""
-    server = socket.socket(socket.AF_UNIX)
-    server.settimeout(5)  # an accept that nothing reaches fails the test rather than hanging it
-    server.bind(path)
-    server.listen()
-    return server
-
-
-def bind_and_publish(binding: unix_socket.Binding) -> socket.socket:
-    """What the worker's gRPC server does with its binding: listen on the bound name, then publish it."""
-    server = listening(binding.bound)
-    binding.publish()
-    return server
-
-
-def test_only_one_worker_claims_the_socket_and_the_lock_frees_with_its_holder(tmp_path):
-    path = str(tmp_path / "grpc.sock")
-    assert unix_socket.claim(path, str(tmp_path)) is not None
-    assert unix_socket.claim(path, str(tmp_path)) is None  # a sibling (another open file) is refused
-    os.close(unix_socket._held.pop())  # the holder dies: the kernel drops its lock
-    assert unix_socket.claim(path, str(tmp_path)) is not None
-    os.close(unix_socket._held.pop())
-
-
-def test_a_new_server_takes_a_live_socket_over_naming_its_owner_and_removes_only_its_own(tmp_path, caplog):
-    path, mine, theirs = str(tmp_path / "grpc.sock"), tmp_path / "mine", tmp_path / "theirs"
-    mine.mkdir()
-    theirs.mkdir()
-    old = listening(path)  # another server's, this test process standing in for it
-    binding = unix_socket.claim(path, str(mine))
-    assert binding.bound == f"{path}.{os.getpid()}" and binding.old_owner.startswith(f"pid {os.getpid()} (")
-    with caplog.at_level(logging.WARNING, logger=unix_socket.__name__):
-        new = bind_and_publish(binding)
-    [warning] = [r for r in caplog.records if r.name == unix_socket.__name__]
-    assert warning.fields == {"path": path, "old_owner": binding.old_owner}
-    assert sorted(os.listdir(tmp_path)) == ["grpc.sock", "mine", "theirs"]  # the bound name was renamed
-    with socket.socket(socket.AF_UNIX) as client:  # the path leads to the new socket now
-        client.connect(path)
-        accepted, _ = new.accept()
-        accepted.close()
-    os.close(unix_socket._held.pop())
-    newer = unix_socket.claim(path, str(theirs))  # a third server takes it over in turn
-    newest = bind_and_publish(newer)
-    os.close(unix_socket._held.pop())
-    unix_socket.release(path, str(mine))  # the second server exits: the path is not its socket any more
-    assert os.path.exists(path)
-    unix_socket.release(path, str(theirs))
-    assert not os.path.exists(path)
-    for server in (old, new, newest):
-        server.close()
-
-
-def test_a_replacement_worker_takes_its_servers_socket_back_but_not_a_newer_servers(tmp_path):
-    path, mine, theirs = str(tmp_path / "grpc.sock"), tmp_path / "mine", tmp_path / "theirs"
-    mine.mkdir()
-    theirs.mkdir()
-    first = bind_and_publish(unix_socket.claim(path, str(mine)))
-    os.close(unix_socket._held.pop())
-    first.close()  # the worker dies; its socket file stays
-    replacement = unix_socket.claim(path, str(mine))
-    assert replacement is not None and not replacement.old_owner  # its own stale socket: no warning
-    second = bind_and_publish(replacement)
-    os.close(unix_socket._held.pop())
-    newer = bind_and_publish(unix_socket.claim(path, str(theirs)))  # another server takes the path
-    os.close(unix_socket._held.pop())
-    second.close()
-    assert unix_socket.claim(path, str(mine)) is None  # the next replacement leaves it to the newer server
-    os.close(unix_socket._held.pop())
-    newer.close()  # ... unless that one is gone too
-    assert unix_socket.claim(path, str(mine)) is not None
-    os.close(unix_socket._held.pop())
-
-
-def test_a_socket_path_petal_cannot_bind_fails_at_start_naming_it(tmp_path):
-    with pytest.raises(OSError, match="longer than a Unix socket path"):
-        unix_socket.check_path("/tmp/" + "s" * 103)
-    with pytest.raises(OSError, match="its folder does not exist"):
-        unix_socket.check_path(str(tmp_path / "missing" / "grpc.sock"))
-    taken = tmp_path / "grpc.sock"
-    taken.write_text("not a socket")
-    result = subprocess.run([sys.executable, "-m", "petal", "serve", f"--grpc_socket_path={taken}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and f"--grpc_socket_path {str(taken)!r} exists and is not a socket" in result.stderr
-    assert taken.read_text() == "not a socket"
 
 
 def test_a_config_file_that_does_not_parse_stops_the_server_with_tf_servings_text(tmp_path):

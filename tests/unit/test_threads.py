@@ -1,7 +1,8 @@
 """Which thread serves the worker's only request in flight (serving/threads.py): such a thread runs a Session's
-graph itself (serving/core/loaders.py), so a wrong answer either costs a lone request its thread switches or puts
-the model's work at full priority beside other requests' readers."""
+graph itself (serving/core/runtimes.py), so a wrong answer either costs a lone request its thread switches or puts
+the model's work at full priority beside other requests' readers. And how long a wait for a deadline waits."""
 import threading
+import time
 
 import pytest
 
@@ -36,3 +37,13 @@ def test_a_call_that_fails_leaves_no_call_in_flight(monkeypatch):
         raise ValueError("the servicer's error")
     with calls:
         assert threads.alone()
+
+
+# --- far deadlines: a wait past threading.TIMEOUT_MAX raised OverflowError, which became INTERNAL or a 500 -------
+
+def test_a_far_deadline_is_no_deadline_and_a_near_one_is_kept():
+    now = time.monotonic()
+    assert threads.timeout_until(None) is None
+    assert threads.timeout_until(now + 2 * threading.TIMEOUT_MAX) is None
+    assert 0 < threads.timeout_until(now + 5) <= 5
+    assert threads.timeout_until(now - 1) == 0.0

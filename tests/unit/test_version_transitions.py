@@ -113,7 +113,7 @@ def states(repo: Repository, model: str = "m") -> dict[int, VersionState]:
 
 
 def served(repo: Repository, model: str = "m", **spec) -> int:
-    with repo.serving(model, **spec) as version:
+    with repo.servable_handle(model, **spec) as version:
         return version.version
 
 
@@ -281,19 +281,19 @@ def test_the_allow_flag_lets_a_new_or_kept_label_name_a_version_not_available_bu
 
 # --- failed loads -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("error", "message"), [
-    (ValueError("variables/ is incomplete"), "Failed to load: ValueError: variables/ is incomplete"),
-    (ServingError(Code.INVALID_ARGUMENT, "no meta graph with tags ['serve']"),
-     "Failed to load: no meta graph with tags ['serve']"),
-], ids=["any error", "a ServingError says only its message"])
-def test_a_failed_version_is_end_with_its_error_and_the_previous_one_keeps_serving(models, error, message):
+@pytest.mark.parametrize(("error", "code", "message"), [
+    (ValueError("variables/ is incomplete"), "UNKNOWN", "Failed to load: ValueError: variables/ is incomplete"),
+    (ServingError(Code.DATA_LOSS, "file is too short to be an sstable"), "DATA_LOSS",
+     "file is too short to be an sstable"),
+], ids=["any error", "a ServingError is the loader's status, kept as it is"])
+def test_a_failed_version_is_end_with_its_error_and_the_previous_one_keeps_serving(models, error, code, message):
     models.publish("m", 1)
     repo = models.repository(m="")
     repo.poll_now()
     models.fail("m", 2, error)
     models.publish("m", 2)
     repo.poll_now()
-    assert repo.status("m") == [VersionStatus(2, END, "UNKNOWN", message), VersionStatus(1, AVAILABLE)]
+    assert repo.status("m") == [VersionStatus(2, END, code, message), VersionStatus(1, AVAILABLE)]
     assert repo.ready() and served(repo) == 1
     assert models.events == ["loaded m 1", "settled", "failed m 2", "settled"]
 
@@ -364,7 +364,7 @@ def test_an_unload_waits_for_the_requests_in_flight_on_the_old_version(models):
     repo = models.repository(m="")
     repo.poll_now()
     models.publish("m", 2)
-    with repo.serving("m") as held:
+    with repo.servable_handle("m") as held:
         poller = in_background(repo.poll_now)
         wait_until(lambda: states(repo).get(1) == UNLOADING)
         assert states(repo) == {2: AVAILABLE, 1: UNLOADING} and served(repo) == 2, "new requests go to 2"
@@ -382,7 +382,7 @@ def test_a_stuck_request_holds_an_unload_no_longer_than_drain_seconds(models):
     repo = models.repository(m="", drain_seconds=0.1)
     repo.poll_now()
     models.publish("m", 2)
-    with repo.serving("m"):
+    with repo.servable_handle("m"):
         started = time.monotonic()
         repo.poll_now()
         assert 0.1 <= time.monotonic() - started < WAIT
@@ -394,7 +394,7 @@ def test_an_unloaded_version_is_let_go(models):
     models.publish("m", 1)
     repo = models.repository(m="")
     repo.poll_now()
-    with repo.serving("m") as version:
+    with repo.servable_handle("m") as version:
         gone = weakref.ref(version)
     del version
     models.publish("m", 2)

@@ -186,7 +186,7 @@ def signature_inputs(protos: Mapping[str, Any], limit: int, charge: Callable[[in
     model is found (TF Serving looks the servable up first), within `limit` bytes (`decode_inputs`). A TensorProto
     carries its dtype, and one that is not the signature's is refused with the text of the Session that TF Serving
     feeds it to (a float64 numpy array sent for a float input, say), never cast as a JSON number is: position i
-    counts the signature's inputs in name order, as serving/core/loaders.py feeds them."""
+    counts the signature's inputs in name order, as serving/core/runtimes.py feeds them."""
     def inputs(info: SignatureInfo) -> dict[str, np.ndarray]:
         sent, wanted = sorted(protos), sorted(info.inputs)
         if len(sent) > len(wanted) or (len(sent) < len(wanted) and not info.defaults):

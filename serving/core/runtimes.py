@@ -1,4 +1,6 @@
-"""How a version folder becomes something that runs signatures, the way TF Serving's SavedModelBundle loads it.
+"""Which runtime a version folder runs in, and how it becomes something that runs signatures there, the way TF
+Serving's SavedModelBundle loads it. (TF Serving's Loader, which the repository is given, is serving/core/servable.py's
+`loader`, over this module.)
 
 - A TF2 SavedModel (one meta graph with an object graph, as `tf.saved_model.save` and Keras write) runs in a
   Session too, as TF Serving runs it, when its graph stands alone: every signature tensor dense and every variable
@@ -31,7 +33,7 @@ from tensorflow.python.util import deprecation
 from exported_models import model_format
 from exported_models.model_format import SignatureInfo
 from serving import threads
-from serving.core.errors import Code, ServingError, invalid, op_error_message
+from serving.core.errors import Code, ServingError, failed_to_load, invalid, op_error_message
 
 DEFAULT_TAGS = frozenset({"serve"})
 
@@ -49,8 +51,9 @@ class LoadOptions:
         return cls(tags or DEFAULT_TAGS, prefer_tflite_model, enable_batching)
 
 
-class Loaded(Protocol):
-    """A loaded model as the servable runs it: `run` fetches only `output_names` (aliases of the signature).
+class RuntimeModel(Protocol):
+    """A version loaded into one of the runtimes (`FunctionModel`, `SessionModel`, TFLite's `TfLiteModel`), as the
+    servable runs it: `run` fetches only `output_names` (aliases of the signature).
     `metadata` is the SavedModel's whole signature_def map, as TF Serving's metadata lists it."""
     format: str
     signatures: dict[str, SignatureInfo]
@@ -66,7 +69,14 @@ def status_error(error: tf.errors.OpError) -> ServingError:
     return ServingError(code, op_error_message(error.message) or str(error))
 
 
-def load(path: str, options: LoadOptions) -> Loaded:
+def load_error(error: Exception) -> ServingError:
+    """What a failed load reports (serving/core/repository.py `load_failure`): a TensorFlow error keeps its own code
+    and message, as TF Serving keeps its loader's status (a corrupt variables.index is DATA_LOSS, a missing
+    saved_model.pb NOT_FOUND); anything else is Petal's (`failed_to_load`)."""
+    return status_error(error) if isinstance(error, tf.errors.OpError) else failed_to_load(error)
+
+
+def load(path: str, options: LoadOptions) -> RuntimeModel:
     if options.prefer_tflite and os.path.exists(os.path.join(path, model_format.TFLITE_FILE)):
         from serving.core.tflite import TfLiteModel  # only TFLite servers pay for the interpreter's import
 
