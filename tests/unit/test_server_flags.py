@@ -18,13 +18,13 @@ import pytest
 from exported_models import DEFAULT_MODEL_BASE_PATH
 from server_harness import ROOT
 from serving import threads
-from serving.config import BatchingOptions, option_defaults
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.startup import Startup
-from serving.flags import build_parser, parse_args
 from serving.metrics import Metrics
-from serving.model_server_flags import UNIMPLEMENTED
+from serving.options.config import BatchingOptions, option_defaults
+from serving.options.model_server_flags import UNIMPLEMENTED
+from serving.process.flags import build_parser, parse_args
 from serving.protocols.grpc_api import unix_socket
 
 # Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
