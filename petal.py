@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that insta
     "tfrecords": ("training.tfrecords", "train", "convert JPEGs to sharded TFRecords with Apache Beam"),
     "train": ("training.train", "train", "train and evaluate, checkpointing and resuming"),
     "export": ("training.export", "train", "export a checkpoint as a SavedModel that takes JPEG bytes"),
-    "serve": ("serving.server", "", "serve models over REST and gRPC (tensorflow_model_server flags)"),
+    "serve": ("serving.process.server", "", "serve models over REST and gRPC (tensorflow_model_server flags)"),
     "predict": ("serving.client.cli", "", "classify images in-process or against a server"),
     "batch": ("serving.batch_prediction.cli", "batch", "run a batch prediction job on Apache Beam or Spark"),
     "loadtest": ("load_tests.runner", "loadtest", "run Locust load tests against latency SLOs"),

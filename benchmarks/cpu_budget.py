@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/cpu_budget.py [--concurrency 1,16,64] [--protocols rest,grpc,v2] [--duration 6]
 
 1. The model alone: the shipped flowers signature run in this process as a worker runs it (serving/core/runtimes.py's
-   Session callable, on the TensorFlow runtime that serving/tensorflow_runtime.py sets up from the default flags:
-   one intra-op thread per batch thread, no spin-waits), one caller, on batches of 1 to 64 of the 480x360 photos of
-   benchmarks/serving.py: CPU per image at each batch size. What is above the best of these is the cost of
+   Session callable, on the TensorFlow runtime that serving/process/tensorflow_runtime.py sets up from the default
+   flags: one intra-op thread per batch thread, no spin-waits), one caller, on batches of 1 to 64 of the 480x360 photos
+   of benchmarks/serving.py: CPU per image at each batch size. What is above the best of these is the cost of
    calling the model on smaller batches.
 2. The server: one `petal serve` with default flags, driven by benchmarks/serving.py's load generator (closed
    loop, one keep-alive connection per client) at each concurrency, over REST predict, gRPC Predict and V2 binary.
@@ -41,8 +41,8 @@ MODEL_DIR = os.path.join("exported_models", "flowers")
 def model_cpu_per_image(photos: list[bytes], seconds: float) -> dict[int, float]:
     """The model's CPU per image (ms) at each batch size, run as a worker runs it, one caller on the niced pool."""
     from exported_models.model_format import exported_versions
-    from serving.flags import parse_args
-    from serving.tensorflow_runtime import configure_tensorflow
+    from serving.process.flags import parse_args
+    from serving.process.tensorflow_runtime import configure_tensorflow
 
     configure_tensorflow(parse_args([f"--model_base_path={MODEL_DIR}", f"--model_name={bench.MODEL}"]))
     version = max(exported_versions(MODEL_DIR))
@@ -117,7 +117,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--model_seconds", type=float, default=3.0, help="seconds per batch size in-process")
     args = parser.parse_args()
-    from serving import launcher
+    from load_tests import launcher
 
     photos = bench.photo_sets([(480, 360)])["480x360"]
     costs = model_cpu_per_image(photos, args.model_seconds)

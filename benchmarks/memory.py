@@ -45,8 +45,8 @@ def process_group(master: int) -> list[int]:
 
 def measure(protocol: str, extra: list[str], image: bytes, images: int, clients: int) -> dict:
     """One flood against a fresh server; sizes in bytes."""
+    from load_tests import launcher
     from load_tests.pixel_flood import flood, flood_requests, reset_peak, status_kb
-    from serving import launcher
 
     with launcher.running(extra, cwd=ROOT) as server:
         pids = process_group(server.proc.pid)
@@ -66,9 +66,9 @@ def measure(protocol: str, extra: list[str], image: bytes, images: int, clients:
 def measure_pod(protocol: str, extra: list[str], image: bytes, images: int, clients: int, limit: int,
                 checkout: str) -> dict:
     """One flood against a server started as a fresh pod of `limit` bytes; the cgroup's figures, in bytes."""
+    from load_tests import launcher
     from load_tests.fresh_pod import fresh_pod
     from load_tests.pixel_flood import flood, flood_requests
-    from serving import launcher
 
     with fresh_pod(limit) as pod, launcher.running(extra, env=pod.env, wrapper=pod.wrapper, cwd=checkout) as server:
         idle = pod.read()

@@ -5,8 +5,8 @@ POST /v1/models/flowers:predict with TF Serving's {"instances": [{"b64": ...}]} 
 the same process model Petal uses, so the comparison isolates Petal's design rather than the web server.
 
 `python benchmarks/naive_flask.py --floor PORT` serves the same route with no model, on Petal's own front end
-(serving/gevent_worker.py): it reads and decodes the body and answers a constant of the naive route's shape. That
-is the least a REST predict can cost in this stack (gunicorn, Flask, one JSON body in and out), which
+(serving/process/gevent_worker.py): it reads and decodes the body and answers a constant of the naive route's shape.
+That is the least a REST predict can cost in this stack (gunicorn, Flask, one JSON body in and out), which
 benchmarks/serving.py adds to the model's CPU for the most images/s the cores allow.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class _App(BaseApplication):
 
     def load_config(self):
         front_end = ({"worker_class": "gthread", "threads": 32} if self.model_dir else
-                     {"worker_class": "serving.gevent_worker.PetalGeventWorker"})
+                     {"worker_class": "serving.process.gevent_worker.PetalGeventWorker"})
         for key, value in {"bind": [f"127.0.0.1:{self.port}"], "workers": 1, "loglevel": "warning",
                            **front_end}.items():
             self.cfg.set(key, value)

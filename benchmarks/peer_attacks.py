@@ -41,9 +41,9 @@ def main() -> int:
     from memory import process_group  # benchmarks/memory.py
     from tensorflow_serving.apis import predict_pb2
 
+    from load_tests import launcher
     from load_tests.peer_attacks import ATTACKS, Attack, Normal, NormalRest, slow_heads
     from load_tests.pixel_flood import flat_jpeg, reset_peak, status_kb
-    from serving import launcher
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "flowers"

@@ -24,8 +24,7 @@ sys.path.insert(0, ROOT)
 def main() -> int:
     from exported_models import DEFAULT_MODEL_BASE_PATH
     from exported_models.tf_serving_models import half_plus_two
-    from load_tests import perf_analyzer
-    from serving import launcher
+    from load_tests import launcher, perf_analyzer
     from training.synth import CLASSES, render
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -44,15 +44,15 @@ def serve_requests(tree: str) -> None:
     from gunicorn import glogging
     from tensorflow_serving.apis import predict_pb2
 
-    from serving.config import DataPlaneOptions, model_config_for
     from serving.core import DataPlane
-    from serving.flags import parse_args
+    from serving.options.config import DataPlaneOptions, model_config_for
+    from serving.process.flags import parse_args
+    from serving.process.server import PetalApplication
+    from serving.process.tensorflow_runtime import configure_tensorflow
     from serving.protocols.codec import tensor_proto
     from serving.protocols.grpc_api import server as grpc_server
     from serving.protocols.grpc_api.tfserving import PredictionService
     from serving.protocols.rest.app import create_app
-    from serving.server import PetalApplication
-    from serving.tensorflow_runtime import configure_tensorflow
     from training.synth import render
 
     photo = render("daisy", seed=0, size=(480, 360))

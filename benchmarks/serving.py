@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from serving.launcher import Server
+    from load_tests.launcher import Server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -426,7 +426,7 @@ def rest_requests(port: int, pid: int, photos: list[bytes]) -> Requests:
 
 
 def petal_rest_requests(server, photos: list[bytes]) -> Requests:
-    """REST predict requests for a `petal serve` started by serving.launcher."""
+    """REST predict requests for a `petal serve` started by load_tests.launcher."""
     return rest_requests(server.rest_port, server.proc.pid, photos)
 
 
@@ -559,7 +559,7 @@ def in_process_limit(model_dir: str, photos: list[bytes], seconds: float, intra:
     alone may not fill every core, and the server runs a batch per core), and one photo at a time."""
     import tensorflow as tf
 
-    from serving.cpus import available_cores
+    from serving.host.cpus import available_cores
 
     if intra:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -622,7 +622,7 @@ def _post_ok(requests: Requests) -> bool:
 def baseline_server(model_dir: str) -> Iterator[tuple[int, int]]:
     """benchmarks/naive_flask.py on a free port, as (port, pid), for as long as the block runs; given "--floor"
     rather than a model, its route without a model on Petal's front end."""
-    from serving.launcher import free_port, get_status
+    from load_tests.launcher import free_port, get_status
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "naive_flask.py"), model_dir,
@@ -695,7 +695,7 @@ def fleet(args: argparse.Namespace, base: str, model_dir: str, photos: list[byte
     whole life is drawn anew each round and the median round does not carry one draw into every sample. Kept
     across rounds, one server's REST served 0.66-0.89x another's in each of 4 rounds, both of one request path
     (docs/performance.md, 'Servers started each round')."""
-    from serving import launcher
+    from load_tests import launcher
 
     with contextlib.ExitStack() as stack:
         petal = lambda *flags: stack.enter_context(  # noqa: E731
@@ -838,7 +838,7 @@ def _bound(limit: Limit, ceilings: dict[str, dict[int, dict]], c: int) -> None:
     """What the cores allow when every image pays the model's least CPU per image (the least of the thread
     settings' best batches) plus the cheapest possible request (the server's and the load generator's CPU for a
     /healthz or health Check on the same machine)."""
-    from serving.cpus import available_cores
+    from serving.host.cpus import available_cores
 
     cores = available_cores()
     servers = {"http": "Petal REST/Petal V2 binary", "grpc": "Petal gRPC",
@@ -891,7 +891,7 @@ def main() -> int:
     if args.rounds % 2 == 0:
         parser.error("--rounds must be odd: each cell is the median round, one real run")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from serving.cpus import available_cores
+    from serving.host.cpus import available_cores
     from serving.tensorflow_logs import import_tensorflow
 
     import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)

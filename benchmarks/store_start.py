@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the emulators the tests start, started the same way here
 
+from load_tests.launcher import running  # noqa: E402
 from object_stores import Azurite, FakeGcs, MotoS3  # noqa: E402
-from serving.launcher import running  # noqa: E402
 
 READY = re.compile(r"^ready: .* in ([0-9.]+) s$", re.MULTILINE)
 

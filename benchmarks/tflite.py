@@ -36,9 +36,9 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from load_tests.launcher import running  # noqa: E402
 from serving.core import Servable  # noqa: E402
 from serving.core.runtimes import LoadOptions  # noqa: E402
-from serving.launcher import running  # noqa: E402
 
 SIGNATURE = "predict_images"
 SHIPPED = os.path.join(ROOT, "exported_models", "flowers", "1")

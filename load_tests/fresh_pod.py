@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.memory import CgroupMemory, read_cgroup_v1, read_cgroup_v2
+from serving.host.memory import CgroupMemory, read_cgroup_v1, read_cgroup_v2
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 DISK_TMP = "/var/tmp"  # the copies must be on a disk, whose pages can be dropped (a tmpfs's cannot)

@@ -13,8 +13,8 @@ import json
 import threading
 from collections.abc import Callable
 
+from load_tests.launcher import Server
 from serving.client.security import Security
-from serving.launcher import Server
 from serving.protocols.codec.v2_bytes import frame
 from serving.status_codes import Code
 

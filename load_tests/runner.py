@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
-from load_tests import sweep
+from load_tests import launcher, sweep
 from load_tests.slo import (
     ENDPOINTS,
     SLO,
@@ -35,7 +35,6 @@ from load_tests.slo import (
     parse_weights,
     read_locust_stats,
 )
-from serving import launcher
 from serving.client.security import TOKEN_ENV, Security
 
 log = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ def _model_available(host: str, model_name: str, security: Security) -> bool:
 @contextlib.contextmanager
 def running_server(model_base_path: Path, model_name: str, log_path: Path, extra_flags: list[str],
                    timeout_s: float, security: Security = Security()) -> Iterator[Target]:
-    """`petal serve` on free loopback ports (serving.launcher) until the block ends; ready means the model reports
+    """`petal serve` on free loopback ports (load_tests.launcher) until the block ends; ready means the model reports
     AVAILABLE (after its warmup), so the first measured requests do not pay for loading."""
     if not model_base_path.is_dir() or not any(p.name.isdigit() for p in model_base_path.iterdir()):
         raise LoadTestError(f"no model versions under {model_base_path}: train and export one first "

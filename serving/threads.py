@@ -3,8 +3,8 @@
 TensorFlow always runs on real OS threads: the batcher's threads, a lone request's own thread, and for unbatched
 runs the calling thread or, on the gevent worker's event loop, a pool of OS threads; the loop thread itself runs
 only a lone request's short call while it serves a single connection. The gevent worker
-(serving/gevent_worker.py) leaves `threading` unpatched, so every lock, condition and thread here is native. What
-differs is only the waiting: a request greenlet on the event loop must never block on a native Event (that would
+(serving/process/gevent_worker.py) leaves `threading` unpatched, so every lock, condition and thread here is native.
+What differs is only the waiting: a request greenlet on the event loop must never block on a native Event (that would
 freeze every connection of the worker), so it waits on a gevent Event that the OS thread sets through the hub's
 thread-safe callback queue. gthread request threads and gRPC's threads wait on a plain threading.Event, as before.
 """

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from serving.config import ServerOptions
-from serving.flags import parse_args
+from serving.options.config import ServerOptions
+from serving.process.flags import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -34,7 +34,7 @@ from urllib.parse import quote, urlparse
 
 import pytest
 
-from serving.launcher import free_port
+from load_tests.launcher import free_port
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 30.0

@@ -1,4 +1,4 @@
-"""Start `petal serve` as a real gunicorn subprocess on free loopback ports (serving.launcher), for every protocol's
+"""Start `petal serve` as a real gunicorn subprocess on free loopback ports (load_tests.launcher), for every protocol's
 tests.
 
 Also builds the tiny test model once per test process (an untrained "compact" 32 px classifier exported with the
@@ -23,11 +23,11 @@ from urllib.parse import urlparse
 
 import requests
 
-from serving import launcher
-from serving.launcher import Server as Server
-from serving.launcher import free_port as free_port
-from serving.launcher import free_ports as free_ports
-from serving.launcher import get_status as get_status
+from load_tests import launcher
+from load_tests.launcher import Server as Server
+from load_tests.launcher import free_port as free_port
+from load_tests.launcher import free_ports as free_ports
+from load_tests.launcher import get_status as get_status
 
 if TYPE_CHECKING:
     from serving.core import DataPlane
@@ -74,12 +74,12 @@ def memory_held(server: Server) -> dict[str, float]:
 def run_server(*petal_serve_args: str, env: dict[str, str] | None = None, wait_ready: bool = True,
                stop_timeout: float = 60.0, tls_context: ssl.SSLContext | None = None, cwd: str = ROOT,
                wrapper: Sequence[str] = ()) -> AbstractContextManager[Server]:
-    """`petal serve ARGS` on free ports (host and ports as serving.launcher.start chooses them); yields once /readyz
+    """`petal serve ARGS` on free ports (host and ports as load_tests.launcher.start chooses them); yields once /readyz
     is 200 (or /healthz, with wait_ready=False).
 
     With `tls_context` (for a server given --ssl_config_file) the REST URL is https and the probe uses it.
     TensorFlow's C++ logs stay at warnings whatever this environment says, unless `env` says otherwise. The server
-    is this checkout's unless `cwd` names another; `wrapper` is serving.launcher.start's.
+    is this checkout's unless `cwd` names another; `wrapper` is load_tests.launcher.start's.
     """
     probe = launcher.answers("/readyz" if wait_ready else "/healthz", tls_context)
     return launcher.running(petal_serve_args, ready=probe, stop_timeout_s=stop_timeout, tls=tls_context is not None,
@@ -105,8 +105,8 @@ def in_process_dataplane(loaded: bool = True, **options: object) -> Iterator[Dat
     """A real DataPlane in this process, its models loaded (no server, no polling): the in-process tests of every
     protocol call it through Flask's test client or a gRPC servicer. With `loaded=False` it is not waited for: for a
     config whose models have no versions on disk, where there is nothing to wait for and no readiness to reach."""
-    from serving.config import DataPlaneOptions
     from serving.core import DataPlane
+    from serving.options.config import DataPlaneOptions
 
     dataplane = DataPlane.create(DataPlaneOptions(model_config=model_config(options), file_system_poll_wait_seconds=0,
                                              **options))
@@ -122,8 +122,8 @@ def in_process_dataplane(loaded: bool = True, **options: object) -> Iterator[Dat
 def model_config(options: dict[str, object]):
     """The models that `model_config_file`, or `model_name` and `model_base_path`, name among `options`, as the
     flags make them (and taken out of `options`)."""
-    from serving.config import model_config_for
-    from serving.config_files import read_model_config
+    from serving.options.config import model_config_for
+    from serving.options.config_files import read_model_config
 
     path = options.pop("model_config_file", None)
     if path:
@@ -206,8 +206,8 @@ def check_watcher_keeps_running_config(config_file, running, refused: str, caplo
     import logging
     import threading
 
-    from serving.config import ProcessOptions, ServerOptions
-    from serving.worker import Worker
+    from serving.options.config import ProcessOptions, ServerOptions
+    from serving.process.worker import Worker
 
     def warnings() -> int:
         return sum(refused in str(getattr(r, "fields", {}).get("error")) for r in caplog.records)
@@ -216,7 +216,7 @@ def check_watcher_keeps_running_config(config_file, running, refused: str, caplo
     options = dataclasses.replace(options, dataplane=dataclasses.replace(
         options.dataplane, model_config=running, file_system_poll_wait_seconds=0, tensorflow_thread_nice=0))
     worker = Worker(options)
-    with caplog.at_level(logging.WARNING, logger="serving.worker"):
+    with caplog.at_level(logging.WARNING, logger="serving.process.worker"):
         worker.start()
         try:
             deadline = time.monotonic() + timeout_s

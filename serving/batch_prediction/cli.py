@@ -19,7 +19,7 @@ from typing import Any
 
 from exported_models import storage
 from serving.batch_prediction import preflight, steps
-from serving.config import DataPlaneOptions
+from serving.options.config import DataPlaneOptions
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}

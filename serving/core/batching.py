@@ -21,10 +21,10 @@ from typing import NamedTuple
 import numpy as np
 
 from serving import threads
-from serving.config import BatchingOptions
 from serving.core.budget import MemoryBudget
 from serving.core.errors import Code, ServingError, deadline_exceeded, invalid, unavailable
 from serving.metrics import Metrics
+from serving.options.config import BatchingOptions
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ Bodies never wait on pixels and the pixels' share is never lent to bodies, so an
 decode its images and finish: the budget can be full but never deadlocked, and what a worker holds for requests
 stays within the limit.
 
-A derived budget is measured once the worker's models have loaded (serving/memory.py); until it is `settle`d the
+A derived budget is measured once the worker's models have loaded (serving/host/memory.py); until it is `settle`d the
 budget is pending and refuses every body (UNAVAILABLE), so that nothing is admitted against a limit not yet known.
 Only a request that arrives while the worker loads can see that: the REST model APIs wait for the load first,
 and gRPC opens after it.
@@ -27,7 +27,7 @@ import threading
 
 from serving import threads
 from serving.core.errors import Code, ServingError, unavailable
-from serving.memory import BYTES_PER_PIXEL
+from serving.memory_costs import BYTES_PER_PIXEL
 from serving.metrics import Metrics
 
 # :petal:serving:rejected_requests' reasons for a body refused: no room now (503), more than there ever is (413)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving.memory import BYTES_PER_PIXEL, HEADROOM, available_memory, cgroup_memory, trim_heap
+from serving.host.memory import HEADROOM, available_memory, cgroup_memory, trim_heap
+from serving.memory_costs import BYTES_PER_PIXEL
 
 # A batch size within this of the cheapest per image is as good (the least of many calls still moves by 5-10% on a
 # busy machine); one dearer than that is dearer.

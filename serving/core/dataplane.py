@@ -20,8 +20,6 @@ from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, IMAGE_INPUT, SignatureInfo, TensorInfo
-from serving.config import DataPlaneOptions, ProcessOptions
-from serving.config_files import check_model_config
 from serving.core import examples, images
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
@@ -32,6 +30,8 @@ from serving.core.servable import Servable, loader
 from serving.core.source import ModelSource
 from serving.core.startup import Startup
 from serving.metrics import Metrics, VersionStatistics
+from serving.options.config import DataPlaneOptions, ProcessOptions
+from serving.options.config_files import check_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,9 @@ class DataPlane:
     memory: MemoryBudget
     metrics: Metrics
     options: DataPlaneOptions = field(default_factory=DataPlaneOptions)
-    # Where the worker is in its life: the worker that owns it (serving/worker.py) opens its ports and drains it.
+    # Where the worker is in its life: its owner (serving/process/worker.py) opens its ports and drains it.
     startup: Startup = field(default_factory=lambda: Startup(loaded=True))
-    # The memory budget's limits once the initial load is over, when they are measured then (serving/worker.py):
+    # The memory budget's limits once the initial load is over, when they are measured then (serving/process/worker.py):
     # called once, by whoever sees the load end first, before the startup gate opens.
     budget_after_load: Callable[[], tuple[int, int]] | None = None
     _settling: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import input_pb2
 
 from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo, dtype_name
 from serving.core.errors import Code, ServingError, invalid
-from serving.memory import EXAMPLE_BYTES
+from serving.memory_costs import EXAMPLE_BYTES
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"

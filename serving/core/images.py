@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from serving.core.errors import invalid
-from serving.memory import BYTES_PER_PIXEL
+from serving.memory_costs import BYTES_PER_PIXEL
 
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic); not C4 (DHT), C8 (JPG) or CC (DAC).
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}

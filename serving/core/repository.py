@@ -30,12 +30,12 @@ from typing import Generic, Protocol, TypeVar
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config_files import check_version_labels
 from serving.core import heap
 from serving.core.errors import Code, ServingError, deadline_exceeded, failed_to_load, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
 from serving.core.source import ModelSource, Source
 from serving.metrics import Metrics
+from serving.options.config_files import check_version_labels
 from serving.threads import timeout_until
 
 logger = logging.getLogger(__name__)
@@ -191,11 +191,11 @@ class Repository(Generic[S]):
 
     def reload_config(self, config: model_server_config_pb2.ModelServerConfig) -> Reload:
         """Load the models listed, unload the ones left out (on the poll thread, after this returns); what to pass
-        `wait_available`. The caller has checked the config (serving/config_files.py `check_model_config`). Its
+        `wait_available`. The caller has checked the config (serving/options/config_files.py `check_model_config`). Its
         labels are checked here, against the versions AVAILABLE now, as TF Serving's ReloadConfig checks them before
-        it adds a model (serving/config_files.py `check_version_labels`): one refused fails the whole config,
+        it adds a model (serving/options/config_files.py `check_version_labels`): one refused fails the whole config,
         FAILED_PRECONDITION, and nothing changes, the labels in force included. The first config, given to the
-        constructor, is checked at start (serving/flags.py), when no version is AVAILABLE."""
+        constructor, is checked at start (serving/process/flags.py), when no version is AVAILABLE."""
         with self._lock:
             available = {name: [v for v, e in model.versions.items() if e.status.state == VersionState.AVAILABLE]
                          for name, model in self._models.items()}

@@ -150,8 +150,8 @@ class _FlatCall:
 class SessionModel:
     """A TF1 SavedModel in a Session of its own, as TF Serving's SavedModelBundle holds it.
 
-    The Session takes its thread counts from TensorFlow's context, which serving/tensorflow_runtime.py sets for TF2
-    models too, and runs on the inter-op pool that every Session shares, which that module starts niced. Each
+    The Session takes its thread counts from TensorFlow's context, which serving/process/tensorflow_runtime.py sets for
+    TF2 models too, and runs on the inter-op pool that every Session shares, which that module starts niced. Each
     (signature, outputs) pair gets one callable of the C++ Session (`Session::MakeCallable` from CallableOptions
     that name the feed and fetch tensors), which feeds by tensor name as TF Serving's `Session::Run` does: a fed
     value replaces its tensor whatever the tensor's static shape, and only the graph's own ops check shapes.

@@ -1,12 +1,12 @@
 """Where a worker is in its life, as its DataPlane and the protocol adapters read it: started (its initial model
-load has finished and every port it serves is open), and draining. The worker (serving/worker.py `Worker`) owns the
-gate and moves it on; the DataPlane says when the load is over.
+load has finished and every port it serves is open), and draining. The worker (serving/process/worker.py `Worker`) owns
+the gate and moves it on; the DataPlane says when the load is over.
 
 TF Serving opens its ports only after the models in its config have loaded, so its clients never see a configured
 model as missing or loading; a client that connects as soon as the port opens is served. Petal's REST port opens at
 once instead, so that liveness probes answer while a large model loads; its model APIs wait here (up to their
 deadline) rather than answer "loading", and readiness stays false until the gate opens. The gRPC server binds only
-after the load (serving/worker.py) and holds the gate until it has, so /readyz never turns 200 before a gRPC
+after the load (serving/process/worker.py) and holds the gate until it has, so /readyz never turns 200 before a gRPC
 client could connect. Once the worker drains (SIGTERM) readiness is false for good.
 """
 from __future__ import annotations

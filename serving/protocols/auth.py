@@ -11,8 +11,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 
-from serving.config import Token, token_digest
 from serving.core import Code, ServingError
+from serving.options.config import Token, token_digest
 
 PREDICT, ADMIN, PROFILE = "predict", "admin", "profile"  # what a request needs
 SCHEME = "bearer"

@@ -122,8 +122,8 @@ build_image() {
     log "built $IMAGE: $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
 }
 
-# Distinct free loopback ports, all chosen while each is still bound (serving/launcher.py).
-free_ports() { "$PYTHON" -c "from serving.launcher import free_ports; print(*free_ports($1))"; }
+# Distinct free loopback ports, all chosen while each is still bound (load_tests/launcher.py).
+free_ports() { "$PYTHON" -c "from load_tests.launcher import free_ports; print(*free_ports($1))"; }
 
 # The server: the topmost process under buildah's runner running `petal serve` (buildah's own helper processes
 # carry the entrypoint's text in their arguments too, so match on the program and subcommand).

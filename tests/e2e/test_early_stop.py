@@ -11,8 +11,8 @@ import signal
 import subprocess
 import time
 
+from load_tests import launcher
 from server_harness import ROOT, children, tiny_model_base
-from serving import launcher
 
 
 def test_a_sigterm_as_the_worker_is_forked_stops_the_server_at_once(tmp_path):

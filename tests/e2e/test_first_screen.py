@@ -16,9 +16,10 @@ import urllib.request
 
 import pytest
 
+from load_tests import launcher
 from server_harness import ROOT, TF_NATIVE_LOG, children, free_ports, jpeg, run_server, user_environment
-from serving import launcher, ports
-from serving.config import ProtocolOptions
+from serving.options.config import ProtocolOptions
+from serving.process import ports
 
 # Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice; oneDNN's only on
 # a CPU with AVX-512), and once its runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
@@ -101,7 +102,7 @@ def test_no_tensorflow_start_up_line_and_a_quiet_exit(quiet):
 def test_verbose_brings_tensorflows_lines_back():
     screen, _, _ = first_screen("--verbose")
     # absl's notice, then TensorFlow's C++ log lines (which ones depends on the CPU: oneDNN's only with AVX-512), each
-    # a worker's line that the master writes out as a JSON record (serving/worker_stderr.py) at absl's level.
+    # a worker's line that the master writes out as a JSON record (serving/process/worker_stderr.py) at absl's level.
     native = [entry for entry in map(json.loads, (line for line in screen if line.startswith("{")))
               if entry["logger"] == "petal.worker.stderr"]
     assert any(TF_LINES[0] in entry["msg"] for entry in native), screen

@@ -1,4 +1,4 @@
-"""serving.launcher, the one way `petal loadtest`, the tests and the benchmarks start `petal serve`: distinct ports,
+"""load_tests.launcher, the one way `petal loadtest`, the tests and the benchmarks start `petal serve`: distinct ports,
 a clear error with the log's tail when the server does not come up, and a stop that SIGKILL bounds."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from load_tests import launcher
 from server_harness import ROOT, tiny_model_base
-from serving import launcher
 
 
 def logged_path(error: launcher.ServerStartError) -> str:

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from exported_models.model_format import DEFAULT_MODEL_BASE_PATH
+from load_tests.launcher import free_port
 from load_tests.runner import make_corpus, parse_sizes, running_server
-from serving.launcher import free_port
 
 
 def petal_loadtest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

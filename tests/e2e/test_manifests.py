@@ -12,7 +12,7 @@ import requests
 
 from deploy_files import kubernetes_objects, memory_bytes, pod_container, read_dockerfile
 from load_tests import fresh_pod
-from serving.memory import ESTIMATE_SLACK, HEADROOM
+from serving.host.memory import ESTIMATE_SLACK, HEADROOM
 
 # --- the real server -------------------------------------------------------------------------------------------
 

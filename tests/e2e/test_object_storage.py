@@ -20,6 +20,7 @@ import time
 import pytest
 import requests
 
+from load_tests.launcher import running
 from object_stores import (
     MotoS3,
     azure_store_fixture,  # noqa: F401 (the fixture azure_store)
@@ -27,7 +28,6 @@ from object_stores import (
     s3_store_fixture,  # noqa: F401 (the fixture s3_store)
 )
 from server_harness import ROOT, jpeg, run_server, tiny_model_base
-from serving.launcher import running
 
 WAIT_S = 60.0
 

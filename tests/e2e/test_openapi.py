@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from server_harness import jpeg, run_server, tiny_model_base
-from serving.config import DEFAULT_METRICS_PATH
+from serving.options.config import DEFAULT_METRICS_PATH
 from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import openapi
 

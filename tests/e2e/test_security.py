@@ -26,7 +26,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from grpc_calls import predict_request, rpc_error
 from server_harness import access_lines, copy_model, jpeg, run_server
 from serving.client import Client, RequestError, Security, ServerError
-from serving.flags import parse_args
+from serving.process.flags import parse_args
 from tls_certs import make_pki, repr_pem
 
 PREDICT_TOKEN = "predict-token-0123456789abcdef"

@@ -31,17 +31,17 @@ from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import check_watcher_keeps_running_config, copy_model, in_process_dataplane
-from serving.config import BatchingOptions
-from serving.config_files import check_model_config, read_batching_parameters, read_model_config
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.errors import Code, ServingError
 from serving.core.repository import VersionState, VersionStatus
 from serving.core.runtimes import load_error
-from serving.flags import parse_args
 from serving.metrics import Metrics
+from serving.options.config import BatchingOptions
+from serving.options.config_files import check_model_config, read_batching_parameters, read_model_config
+from serving.options.protos import BatchingParameters
+from serving.process.flags import parse_args
 from serving.protocols.grpc_api.tfserving import ModelService
 from serving.protocols.rest.app import create_app
-from serving.protos import BatchingParameters
 
 SPLITTING = """
 max_batch_size { value: 1024 }
@@ -104,7 +104,7 @@ def batching_file(tmp_path, text: str) -> str:
 
 
 def splitting_warnings(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "serving.config_files" and "enable_large_batch_splitting" in
+    return [r for r in caplog.records if r.name == "serving.options.config_files" and "enable_large_batch_splitting" in
             r.getMessage()]
 
 
@@ -112,7 +112,7 @@ def splitting_warnings(caplog) -> list[logging.LogRecord]:
 
 def test_the_batching_file_of_tf_servings_large_batch_splitting_starts_with_batches_of_the_execution_size(
         tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="serving.config_files"):
+    with caplog.at_level(logging.WARNING, logger="serving.options.config_files"):
         options = parse_args([f"--batching_parameters_file={batching_file(tmp_path, SPLITTING)}"])
     batching = options.dataplane.batching
     assert (batching.max_batch_size, batching.num_batch_threads, batching.max_enqueued_batches) == (32, 2, 100)
@@ -137,7 +137,7 @@ def test_every_field_of_tf_servings_batching_parameters_parses(tmp_path):
 def test_without_splitting_max_execution_batch_size_is_ignored_as_tf_serving_ignores_it(tmp_path, caplog):
     text = "max_batch_size { value: 48 }\nmax_execution_batch_size { value: 8 }\n" \
            "enable_large_batch_splitting { value: false }\n"
-    with caplog.at_level(logging.WARNING, logger="serving.config_files"):
+    with caplog.at_level(logging.WARNING, logger="serving.options.config_files"):
         assert read_batching_parameters(batching_file(tmp_path, text)).max_batch_size == 48
     assert not splitting_warnings(caplog)
 

@@ -1,4 +1,4 @@
-"""A worker's end is the worker's alone (serving/server.py, `_end_worker`). gunicorn forks a worker inside the
+"""A worker's end is the worker's alone (serving/process/server.py, `_end_worker`). gunicorn forks a worker inside the
 master's `run()` and ends it with sys.exit, which came out of `run()` in the worker too: the worker ran the
 master's clean-up, deleting the server's private folder (the TLS key pair, the shared metrics) while the master went
 on, so a TLS server whose worker was replaced served no more; and the interpreter's finalization met TensorFlow's
@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
+from load_tests import launcher
 from server_harness import ROOT, children, copy_model, run_server
-from serving import launcher
 from tls_certs import make_pki
 
 ABORT_SIGNS = ("terminate called", "SIGABRT", "exception not rethrown")

@@ -1,4 +1,4 @@
-"""The session config a worker starts TensorFlow with (serving/tensorflow_runtime.py) reaches TF2 and TF1 models
+"""The session config a worker starts TensorFlow with (serving/process/tensorflow_runtime.py) reaches TF2 and TF1 models
 alike: a process configured as `petal serve` configures its workers, then a TF1 Session of a real foreign model and
 the eager context are asked what they run with. A subprocess, since TensorFlow takes this config once per process."""
 import json
@@ -10,8 +10,8 @@ from server_harness import ROOT
 
 PROBE = """
 import json, sys
-from serving import tensorflow_runtime
-from serving.flags import parse_args
+from serving.process import tensorflow_runtime
+from serving.process.flags import parse_args
 from serving.core.runtimes import LoadOptions
 from serving.core.servable import Servable
 import numpy as np

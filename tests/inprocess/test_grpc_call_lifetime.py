@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from load_tests.launcher import free_port
 from server_harness import jpeg, tiny_model_base
-from serving.flags import parse_args
-from serving.launcher import free_port
+from serving.process.flags import parse_args
 from serving.protocols.codec import tensor_proto
 from serving.protocols.grpc_api import server as grpc_server
 

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf.wrappers_pb2 import StringValue
 
 from serving.core.budget import MemoryBudget
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
 from serving.protocols import auth
 from serving.protocols.grpc_api.gate import Gate
 

@@ -22,8 +22,8 @@ from openapi_spec_validator import validate as validate_openapi
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from server_harness import LABELS, b64, tiny_model_base
-from serving.config import ProtocolOptions
 from serving.core import Code, ServingError
+from serving.options.config import ProtocolOptions
 from serving.protocols.codec.tfserving_json import predict_response, to_json
 from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import httputil, web

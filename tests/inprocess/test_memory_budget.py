@@ -16,12 +16,14 @@ import pytest
 
 from exported_models.model_format import SCALED_JPEG_FILE
 from server_harness import IMAGE_SIZE, b64, jpeg, tiny_model_base
-from serving.config import DataPlaneOptions, ProtocolOptions, ServerOptions, model_config_for
 from serving.core import Code, DataPlane, ServingError
 from serving.core.budget import MemoryBudget
-from serving.flags import parse_args
-from serving.memory import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES, MiB, resolve_memory_budget
+from serving.host.memory import MiB
+from serving.memory_costs import BODY_BYTES_FACTOR, BYTES_PER_PIXEL, JSON_VALUE_BYTES
 from serving.metrics import Metrics
+from serving.options.config import DataPlaneOptions, ProtocolOptions, ServerOptions, model_config_for
+from serving.process.flags import parse_args
+from serving.process.memory_budget import resolve_memory_budget
 from serving.protocols.codec.tensor_proto import STRING_ELEMENT_BYTES
 from serving.protocols.codec.v2_bytes import frame
 from serving.protocols.rest import admission

@@ -1,6 +1,6 @@
 """One set of rules for a model config, wherever it comes from: the flags, --model_config_file (at start and as
-the worker re-reads it) and the reload RPC (serving/config_files.py `check_model_config`). The reload RPC once took a
-model_platform that a config file was refused for; it runs here through the real servicer on an in-process
+the worker re-reads it) and the reload RPC (serving/options/config_files.py `check_model_config`). The reload RPC once
+took a model_platform that a config file was refused for; it runs here through the real servicer on an in-process
 DataPlane serving the tiny model."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import check_watcher_keeps_running_config, tiny_model_base
-from serving.config_files import check_model_config, read_model_config
 from serving.core import Code, ServingError
-from serving.flags import parse_args
+from serving.options.config_files import check_model_config, read_model_config
+from serving.process.flags import parse_args
 from serving.protocols.grpc_api.tfserving import ModelService
 
 BAD_PLATFORM = "model_platform 'pytorch' is not supported"
@@ -127,7 +127,7 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_pa
 
 def test_the_watcher_keeps_the_running_config_when_the_file_labels_a_version_not_available(tmp_path, caplog):
     """The file now labels version 9, which is not AVAILABLE: the watch logs TF Serving's FAILED_PRECONDITION
-    (serving/config_files.py `check_version_labels`) and the labels served stay as they were (none)."""
+    (serving/options/config_files.py `check_version_labels`) and the labels served stay as they were (none)."""
     labelled = config()
     labelled.model_config_list.config[0].version_labels["stable"] = 9
     path = tmp_path / "models.config"

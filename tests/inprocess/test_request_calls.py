@@ -25,12 +25,12 @@ from gunicorn import glogging
 from tensorflow_serving.apis import predict_pb2
 
 from server_harness import jpeg, tiny_model_base
-from serving.flags import parse_args
+from serving.process.flags import parse_args
+from serving.process.server import PetalApplication
 from serving.protocols.codec import tensor_proto
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.grpc_api.tfserving import PredictionService
 from serving.protocols.rest.app import create_app
-from serving.server import PetalApplication
 
 # Reached with TF2 models in a Session (docs/performance.md, 'Per-request Python'), plus 10%.
 REACHED = {"rest_predict": 601, "v2_binary_infer": 610, "grpc_predict": 271}

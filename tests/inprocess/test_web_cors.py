@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from serving.config import ProtocolOptions
-from serving.flags import parse_args
+from serving.options.config import ProtocolOptions
+from serving.process.flags import parse_args
 from serving.protocols.rest.app import create_app
 
 ALLOWED = "https://dashboard.example"

@@ -1,5 +1,5 @@
-"""A worker's life, owned by serving/worker.py's `Worker`: start, the initial load, gRPC once it is over and the line
-that says the server is ready, reloads (the RPC, the watched file, a sibling's published config), the drain and the
+"""A worker's life, owned by serving/process/worker.py's `Worker`: start, the initial load, gRPC once it is over and the
+line that says the server is ready, reloads (the RPC, the watched file, a sibling's published config), the drain and the
 exit. In this process, on real DataPlanes: the tiny model, or models whose folders hold no version yet (nothing to
 load, so they start at once), with the real gRPC server on a loopback port."""
 from __future__ import annotations
@@ -19,11 +19,11 @@ from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2, 
 from tensorflow_serving.config import model_server_config_pb2
 
 from server_harness import copy_model, free_port
-from serving.config import ServerOptions
-from serving.config_files import read_model_config
 from serving.core import DataPlane
-from serving.flags import parse_args
-from serving.worker import RELOAD_FILE, Worker
+from serving.options.config import ServerOptions
+from serving.options.config_files import read_model_config
+from serving.process.flags import parse_args
+from serving.process.worker import RELOAD_FILE, Worker
 
 WAIT_S = 30
 

@@ -3,7 +3,7 @@ send, a large body is not copied behind it, and a failed response drops it (that
 arrives whole on a real server's keep-alive connection is tests/e2e/test_response_writes.py)."""
 from __future__ import annotations
 
-from serving.gevent_worker import COALESCE_LIMIT, DeadlineSocket
+from serving.process.gevent_worker import COALESCE_LIMIT, DeadlineSocket
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from serving.config import BatchingOptions, DataPlaneOptions, ProcessOptions, ServerOptions
-from serving.cpus import available_cores, cgroup_cpu_quota
-from serving.tensorflow_runtime import intra_op_threads
+from serving.host.cpus import available_cores, cgroup_cpu_quota
+from serving.options.config import BatchingOptions, DataPlaneOptions, ProcessOptions, ServerOptions
+from serving.process.tensorflow_runtime import intra_op_threads
 
 
 def host_cores() -> int:

@@ -9,13 +9,13 @@ import pytest
 from google.protobuf import text_format
 
 from serving import threads
-from serving.config import BatchingOptions
 from serving.core import batching
 from serving.core.batching import Batcher, BatchKey, BatchRequest
 from serving.core.budget import MemoryBudget
 from serving.core.errors import ServingError
 from serving.metrics import Metrics
-from serving.protos import BatchingParameters
+from serving.options.config import BatchingOptions
+from serving.options.protos import BatchingParameters
 
 
 class Recorder:

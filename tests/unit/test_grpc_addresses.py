@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.config import bind_address
+from serving.options.config import bind_address
 from serving.protocols.grpc_api.server import parse_channel_arguments
 
 

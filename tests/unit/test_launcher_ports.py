@@ -1,10 +1,10 @@
-"""serving.launcher's free ports, which need no server: distinct, and released for the server to bind (starting and
+"""load_tests.launcher's free ports, which need no server: distinct, and released for the server to bind (starting and
 stopping `petal serve` is tests/e2e/test_launcher.py), and outside the range of ports the kernel hands out itself."""
 from __future__ import annotations
 
 import socket
 
-from serving import launcher
+from load_tests import launcher
 
 
 def test_free_ports_are_distinct_and_released():

@@ -31,19 +31,12 @@ from deploy_files import (
     server_options,
     yaml_files,
 )
-from serving.config import ServerOptions
-from serving.cpus import available_cores
-from serving.memory import (
-    BODY_BYTES_FACTOR,
-    BYTES_PER_PIXEL,
-    ESTIMATE_SLACK,
-    HEADROOM,
-    CgroupMemory,
-    MiB,
-    measured_footprint,
-    resolve_memory_budget,
-)
-from serving.tensorflow_runtime import intra_op_threads
+from serving.host.cpus import available_cores
+from serving.host.memory import ESTIMATE_SLACK, HEADROOM, CgroupMemory, MiB, measured_footprint
+from serving.memory_costs import BODY_BYTES_FACTOR, BYTES_PER_PIXEL
+from serving.options.config import ServerOptions
+from serving.process.memory_budget import resolve_memory_budget
+from serving.process.tensorflow_runtime import intra_op_threads
 
 # What a fresh pod of the image holds once loaded, page cache included, with a cold cache: 949-1073 MiB over 16
 # starts (benchmarks/memory.py --pod_limit, tests/e2e/test_manifests.py), rounded up from the most.

@@ -8,9 +8,7 @@ import threading
 
 import pytest
 
-from serving.config import ProcessOptions, ServerOptions
-from serving.memory import (
-    BYTES_PER_PIXEL,
+from serving.host.memory import (
     ESTIMATE_SLACK,
     HEADROOM,
     MAX_DEFAULT_BUDGET,
@@ -18,16 +16,16 @@ from serving.memory import (
     GiB,
     MiB,
     available_memory,
-    budget_after_load,
     cgroup_memory,
     default_memory_budget,
-    default_pixel_share,
     estimated_footprint,
     fits,
     footprint_after_load,
     measured_footprint,
-    measures_memory_budget,
 )
+from serving.memory_costs import BYTES_PER_PIXEL
+from serving.options.config import ProcessOptions, ServerOptions
+from serving.process.memory_budget import budget_after_load, default_pixel_share, measures_memory_budget
 
 
 def test_cgroup_v2_and_v1_limits_and_none(tmp_path):
@@ -166,7 +164,7 @@ def test_the_budget_after_load_is_measured_and_logged_in_one_line(tmp_path, capl
     options = ServerOptions(process=ProcessOptions(workers=1))
     assert measures_memory_budget(options, str(tmp_path))
     assert not measures_memory_budget(options, str(tmp_path / "none"))  # no cgroup: the estimate, known at once
-    caplog.set_level(logging.INFO, logger="serving.memory")
+    caplog.set_level(logging.INFO, logger="serving.host.memory")
     budget, pixels = budget_after_load(options, str(tmp_path))
     assert budget == default_memory_budget(measured_footprint(cgroup_memory(str(tmp_path))), 1, 0)
     assert pixels == default_pixel_share(budget, options.dataplane.max_image_pixels)

@@ -1,12 +1,12 @@
 """`petal serve`'s options are parsed once into frozen groups, and each file the flags name is read once, at start,
-into the value the options hold, never a path beside it (serving/flags.py, serving/config_files.py)."""
+into the value the options hold, never a path beside it (serving/process/flags.py, serving/options/config_files.py)."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from serving.config import (
+from serving.options.config import (
     DataPlaneOptions,
     ProcessOptions,
     ProtocolOptions,
@@ -16,7 +16,7 @@ from serving.config import (
     model_config_for,
     token_digest,
 )
-from serving.flags import parse_args
+from serving.process.flags import parse_args
 from tls_certs import make_pki
 
 TOKEN = "a-token-of-at-least-16-chars"

@@ -13,9 +13,9 @@ import pytest
 
 from exported_models import DEFAULT_MODEL_BASE_PATH
 from server_harness import ROOT
-from serving.config import option_defaults
-from serving.flags import build_parser, parse_args
-from serving.model_server_flags import UNIMPLEMENTED
+from serving.options.config import option_defaults
+from serving.options.model_server_flags import UNIMPLEMENTED
+from serving.process.flags import build_parser, parse_args
 
 # Every flag of tensorflow_model_server 2.x, as tensorflow_serving/model_servers/main.cc declares them, each with a
 # value of its type that Petal can honour.

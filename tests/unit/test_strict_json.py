@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.core import Code, ServingError
-from serving.memory import JSON_VALUE_BYTES
+from serving.memory_costs import JSON_VALUE_BYTES
 from serving.protocols.codec import strict_json, text
 
 ANY = msgspec.json.Decoder()

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from serving.core import Code, ServingError
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
 from serving.protocols.codec.tensor_proto import FILL_LIMIT, KINDS, STRING_ELEMENT_BYTES, decode_inputs, encode
 
 LIMIT = 64 << 20  # --grpc_max_message_bytes' default

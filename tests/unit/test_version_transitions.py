@@ -199,8 +199,8 @@ def test_labels_name_their_versions_for_requests_and_status(models):
 
 def test_a_label_may_name_a_version_not_loaded_and_serves_it_once_it_is(models):
     """With --allow_version_labels_for_unavailable_models=true (the first config's labels are checked at start,
-    serving/flags.py): the label is accepted, a request by it is NOT_FOUND like a request for that version number,
-    until the version loads."""
+    serving/process/flags.py): the label is accepted, a request by it is NOT_FOUND like a request for that version
+    number, until the version loads."""
     models.publish("m", 1)
     repo = models.repository(allow_unavailable_labels=True,
                              m='model_version_policy { all {} } version_labels { key: "canary" value: 2 }')

@@ -1,5 +1,5 @@
-"""What the master writes for each line a worker printed on its stderr (serving/worker_stderr.py): a JSON object's
-line as it is, anything else as a JSON record; tests/e2e/test_server_log.py runs it in a real server."""
+"""What the master writes for each line a worker printed on its stderr (serving/process/worker_stderr.py): a JSON
+object's line as it is, anything else as a JSON record; tests/e2e/test_server_log.py runs it in a real server."""
 from __future__ import annotations
 
 import functools
@@ -7,8 +7,8 @@ import json
 import os
 
 from serving import tensorflow_logs
+from serving.process.worker_stderr import LOGGER, as_json
 from serving.tensorflow_logs import relay_lines
-from serving.worker_stderr import LOGGER, as_json
 
 
 def record(line: bytes, pid: int | None = 42) -> dict:

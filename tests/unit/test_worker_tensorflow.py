@@ -1,7 +1,7 @@
-"""What TensorFlow is told before its runtime starts in a worker (serving/worker.py): the session config (spin-waits,
-GPU memory fraction), memory growth when workers share a GPU, the thread counts. Each test hands the configuration
-to a fresh eager context, as the worker hands it to the process's; only a GPU's existence is mocked, since none can
-exist here."""
+"""What TensorFlow is told before its runtime starts in a worker (serving/process/worker.py): the session config
+(spin-waits, GPU memory fraction), memory growth when workers share a GPU, the thread counts. Each test hands the
+configuration to a fresh eager context, as the worker hands it to the process's; only a GPU's existence is mocked, since
+none can exist here."""
 from __future__ import annotations
 
 from unittest import mock
@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from serving import tensorflow_runtime
-from serving.flags import parse_args
+from serving.process import tensorflow_runtime
+from serving.process.flags import parse_args
 
 FAKE_GPU = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
 

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 
 from serving.core import invalid
-from serving.memory import JSON_VALUE_BYTES
+from serving.memory_costs import JSON_VALUE_BYTES
 
 T = TypeVar("T")
 # Grows the memory budget's hold of the request being decoded by that many bytes, or raises (docs/security.md).

@@ -31,7 +31,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from serving.core import NUMPY_DTYPES, SignatureInfo, invalid
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
 
 # The fields of a TensorProto that say what it is rather than hold its values.
 DESCRIPTION_FIELDS = frozenset({"dtype", "tensor_shape", "version_number"})

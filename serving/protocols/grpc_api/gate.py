@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 
 from serving import threads
-from serving.config import MIN_BODY_RATE
 from serving.core import ServingError, deadline_exceeded, invalid, unavailable
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
+from serving.options.config import MIN_BODY_RATE
 from serving.protocols import access_log, auth
 from serving.protocols.grpc_api.common import CALL_HOLD, GRPC_STATUS, deadline_of
 from serving.protocols.grpc_api.shares import HOLDING, PARKED, REFUSED, Claim, Shares, peer_of
@@ -474,8 +474,8 @@ class Gate(grpc.ServerInterceptor):
         any deadline (three connections of 64 such calls grew a worker by 2.4 GiB). The answer's bytes are held
         (BODY_BYTES_FACTOR each, its serialized copy and more) until the call ends, so a full budget refuses new
         calls rather than outgrowing memory; one the budget has no room for is refused as a request would be.
-        Past --request_body_timeout plus a second for every 64 KiB of it (serving/gevent_worker.py's deadline for
-        a REST answer), the watchdog cancels the call, which frees what grpcio queued."""
+        Past --request_body_timeout plus a second for every 64 KiB of it (serving/process/gevent_worker.py's deadline
+        for a REST answer), the watchdog cancels the call, which frees what grpcio queued."""
         size = response.ByteSize()
         try:
             lease = Lease(None, self.hold(size * BODY_BYTES_FACTOR))

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2_grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from serving import threads
-from serving.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.core import DataPlane
+from serving.options.config import ProtocolOptions, SecurityOptions, TLSOptions, bind_address
 from serving.protocols import access_log, auth
 from serving.protocols.grpc_api import kserve, profiler, unix_socket
 from serving.protocols.grpc_api.gate import Gate

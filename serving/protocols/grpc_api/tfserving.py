@@ -149,7 +149,7 @@ ReloadConfig = Callable[[model_server_config_pb2.ModelServerConfig, float | None
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    """`reload` applies a reload RPC's config: the worker's (serving/worker.py), which passes it on to the other
+    """`reload` applies a reload RPC's config: the worker's (serving/process/worker.py), which passes it on to the other
     workers; by default the DataPlane's own."""
 
     def __init__(self, dataplane: DataPlane, reload: ReloadConfig | None = None) -> None:

@@ -18,7 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wsgi import get_content_length
 
 from serving.core import Code, DataPlane, ServingError
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
 from serving.protocols.codec.strict_json import Charge, no_charge
 from serving.protocols.rest.httputil import error_response
 

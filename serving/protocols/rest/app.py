@@ -20,8 +20,8 @@ from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 from werkzeug.routing import MapAdapter
 
-from serving.config import ProtocolOptions, SecurityOptions
 from serving.core import Code, DataPlane, ServingError
+from serving.options.config import ProtocolOptions, SecurityOptions
 from serving.protocols import access_log, auth
 from serving.protocols.codec import strict_json
 from serving.protocols.codec.v2_json import HEADER_LENGTH

@@ -12,7 +12,7 @@ import flask
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
 from serving.core import invalid
-from serving.memory import BODY_BYTES_FACTOR
+from serving.memory_costs import BODY_BYTES_FACTOR
 from serving.protocols.codec import strict_json
 from serving.protocols.codec.strict_json import Charge
 

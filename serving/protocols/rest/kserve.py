@@ -12,8 +12,8 @@ from typing import Any
 
 import flask
 
-from serving.config import ProtocolOptions
 from serving.core import DataPlane, not_found
+from serving.options.config import ProtocolOptions
 from serving.protocols import v2
 from serving.protocols.codec import v2_json
 from serving.protocols.codec.text import parse_version

@@ -15,7 +15,7 @@ from importlib import metadata, resources
 
 import flask
 
-from serving.config import DEFAULT_METRICS_PATH
+from serving.options.config import DEFAULT_METRICS_PATH
 from serving.protocols.codec import strict_json
 from serving.protocols.rest.httputil import JSON_MIMETYPE
 

@@ -19,8 +19,8 @@ import flask
 from werkzeug.exceptions import UnsupportedMediaType
 from werkzeug.routing import BaseConverter
 
-from serving.config import ProtocolOptions
 from serving.core import CLASSIFY_METHOD, REGRESS_METHOD, DataPlane, ServingError, Task, invalid
+from serving.options.config import ProtocolOptions
 from serving.protocols.codec import strict_json, tfserving_json
 from serving.protocols.codec.text import ascii_int
 from serving.protocols.rest.admission import charge_of

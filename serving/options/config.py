@@ -1,9 +1,9 @@
 """`petal serve`'s options, in the groups their readers are handed, each frozen once the flags are parsed.
 
-serving/flags.py parses the flags into them; the files the flags name (the model config, the batching parameters,
-the SSL config, the tokens, the monitoring config) are read there once, through serving/config_files.py, and the
-options hold what was read, never the path beside it. A value derived later (the memory budget, the folders
-`petal serve` makes) is a `dataclasses.replace` copy.
+serving/process/flags.py parses the flags into them; the files the flags name (the model config, the batching
+parameters, the SSL config, the tokens, the monitoring config) are read there once, through
+serving/options/config_files.py, and the options hold what was read, never the path beside it. A value derived later
+(the memory budget, the folders `petal serve` makes) is a `dataclasses.replace` copy.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME
-from serving.cpus import available_cores
+from serving.host.cpus import available_cores
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 MB = 1024 * 1024
 # bytes/s a client must send a body or read an answer at, past --request_body_timeout: each such chunk buys one more
-# second (serving/gevent_worker.py for REST, serving/protocols/grpc_api/gate.py for gRPC)
+# second (serving/process/gevent_worker.py for REST, serving/protocols/grpc_api/gate.py for gRPC)
 MIN_BODY_RATE = 64 * 1024
 WORKER_CLASSES = ("gevent", "gthread")
 
@@ -149,7 +149,7 @@ class DataPlaneOptions:
     batching_from_file: bool = False  # --batching_parameters_file: its batch sizes win over the measured ones
     batch_cost_seconds: float = 2.0  # measuring each version's cost per batch size at load (0: not measured)
     enable_model_warmup: bool = True
-    # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/config_files.py
+    # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/options/config_files.py
     # `check_version_labels`)
     allow_version_labels_for_unavailable_models: bool = False
     tensorflow_intra_op_parallelism: int = 0
@@ -159,7 +159,7 @@ class DataPlaneOptions:
     per_process_gpu_memory_fraction: float = 0.0  # of each GPU's memory; 0: TensorFlow's choice
     max_image_pixels: int = 40_000_000
     max_inflight_pixels: int = 0  # 0: derived from the memory budget; -1: no budget
-    memory_budget_bytes: int = 0  # 0: derived from memory (serving/memory.py); -1: no budget
+    memory_budget_bytes: int = 0  # 0: derived from memory (serving/process/memory_budget.py); -1: no budget
     model_root: str = ""
     saved_model_tags: str = "serve"
     prefer_tflite_model: bool = False
@@ -212,7 +212,8 @@ class ProcessOptions:
     # `model_config`
     model_config_file: str = ""
     model_config_file_poll_wait_seconds: float = 0.0
-    reload_dir: str = ""  # set by `petal serve` with --workers > 1: the folder its workers share (serving/worker.py)
+    # set by `petal serve` with --workers > 1: the folder its workers share (serving/process/worker.py)
+    reload_dir: str = ""
     runtime_dir: str = ""  # set by `petal serve`: its private folder, where its workers agree who serves the socket
     started_at: float = 0.0  # set by `petal serve`: its time.monotonic() at start, for the line that says it is ready
 

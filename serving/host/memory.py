@@ -1,4 +1,4 @@
-"""How much memory this process may use, and from it the default memory budget of each worker.
+"""How much memory this process may use, and the default memory budget of each worker that it leaves.
 
 The budget (serving/core/budget.py) covers what requests in flight hold: their bodies, and the images being
 decoded, which a JPEG makes large (a 6000 x 6000 flat colour: 0.56 MB sent, 108 MB decoded). It is what the limit
@@ -6,7 +6,8 @@ leaves once the headroom and the server's own footprint are taken off. In a cgro
 v1 `memory.limit_in_bytes`: a container's) the footprint is measured once the models have loaded and warmed up:
 everything the cgroup is charged for, its processes' memory and the page cache they read (TensorFlow's libraries,
 the model, Python's modules), which a fresh pod is charged for as it reads them. Elsewhere the limit is the
-machine's physical memory and the footprint is estimated from an idle server's measured size.
+machine's physical memory and the footprint is estimated from an idle server's measured size. What the flags ask
+for is resolved against these figures in serving/process/memory_budget.py.
 """
 from __future__ import annotations
 
@@ -17,31 +18,11 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from serving.cpus import CGROUP_ROOT
-
-if TYPE_CHECKING:
-    from serving.config import ServerOptions
+from serving.host.cpus import CGROUP_ROOT
 
 GiB = 1 << 30
 MiB = 1 << 20
-# Decoding holds the uint8 RGB image (3 bytes a pixel) and the decoder's working rows; the resize writes only the
-# model's small input, and the model's per-batch tensors are smaller than that input. 4 bytes a pixel covers all
-# of it, measured with benchmarks/memory.py.
-BYTES_PER_PIXEL = 4
-# What a request body costs while it is served, for each byte received: the bytes, a second copy while they are
-# read or parsed (werkzeug joins the pieces read; JSON is parsed from text; gRPC hands over the serialized message),
-# the parsed strings or deserialized message, and the decoded inputs (3-4x measured with benchmarks/memory.py over
-# base64 JSON, V2 binary and gRPC, with one image decoding). A JSON number costs more than its few bytes:
-# JSON_VALUE_BYTES for each value outside strings (a Python float and its list slot, then numpy's float64 array and
-# the signature's dtype: 25-70 bytes a value measured, whatever its digits).
-BODY_BYTES_FACTOR = 4
-JSON_VALUE_BYTES = 64
-# Each tf.Example of a Classify, Regress or MultiInference request, beyond its bytes: the Python bytes object of its
-# serialization and its slot in the string vector, twice (serving/core/examples.py); an empty example cost about
-# 210 bytes measured (4 million of them in one gRPC Classify: +823 MiB before they were charged).
-EXAMPLE_BYTES = 256
 # Without a cgroup to measure, the footprint is estimated: a worker's resident memory with the default model, idle
 # (measured with benchmarks/memory.py: 631-655 MB), and the gunicorn master's.
 IDLE_WORKER_BYTES = 700 * MiB
@@ -251,66 +232,3 @@ def trim_heap() -> None:
     malloc_trim = getattr(_C_LIBRARY, "malloc_trim", None)
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-def default_pixel_share(budget: int, max_image_pixels: int) -> int:
-    """Decoded pixels a worker's TF calls may hold at once: half its budget, never less than one largest image."""
-    return max(budget // 2 // BYTES_PER_PIXEL, max_image_pixels)
-
-
-# --- each worker's budget, from the options ------------------------------------------------------------------
-
-def resolve_memory_budget(options: ServerOptions, footprint: Footprint | None = None) -> tuple[int, int]:
-    """Each worker's memory budget and its pixel share, (bytes, pixels): as the flags give them, else derived
-    from `footprint` (default: estimated from this machine's memory limit); (-1, -1) when
-    either flag turns the budget off. ValueError for flags that contradict each other."""
-    d = options.dataplane
-    if d.memory_budget_bytes < 0 or d.max_inflight_pixels < 0:
-        return -1, -1
-    if 0 < d.max_inflight_pixels < d.max_image_pixels:
-        raise ValueError("--max_inflight_pixels must be at least --max_image_pixels, or one allowed image could "
-                         "never run")
-    budget = d.memory_budget_bytes
-    if budget == 0:
-        pixels = max(d.max_inflight_pixels, d.max_image_pixels)
-        floor = pixels * BYTES_PER_PIXEL + options.protocols.max_request_bytes * BODY_BYTES_FACTOR
-        workers = options.process.workers
-        budget = default_memory_budget(footprint or estimated_footprint(available_memory(), workers), workers, floor)
-    pixels = d.max_inflight_pixels or default_pixel_share(budget, d.max_image_pixels)
-    if pixels * BYTES_PER_PIXEL >= budget:
-        raise ValueError(f"--memory_budget_bytes ({budget}) must be larger than the decoded pixels it keeps "
-                         f"(--max_inflight_pixels {pixels}, {BYTES_PER_PIXEL} bytes each), to leave room for "
-                         "request bodies")
-    return budget, pixels
-
-
-def measures_memory_budget(options: ServerOptions, cgroup_root: str = CGROUP_ROOT) -> bool:
-    """Whether the budget is derived from what the server's cgroup holds once its models have loaded (see
-    `budget_after_load`): when it is derived at all, and there is a cgroup limit to read."""
-    d = options.dataplane
-    if d.memory_budget_bytes != 0 or d.max_inflight_pixels < 0:
-        return False
-    cgroup = cgroup_memory(cgroup_root)
-    return cgroup is not None and cgroup.limit is not None
-
-
-def log_estimated_budget(options: ServerOptions) -> None:
-    """The master's line at start for a budget derived where there is no cgroup limit to measure (a measured one is
-    logged by the worker that measured it, `budget_after_load`)."""
-    d, workers = options.dataplane, options.process.workers
-    if d.memory_budget_bytes == 0 and d.max_inflight_pixels >= 0 and not measures_memory_budget(options):
-        footprint = estimated_footprint(available_memory(), workers)
-        log_budget(footprint, workers, *resolve_memory_budget(options, footprint))
-
-
-def budget_after_load(options: ServerOptions, cgroup_root: str = CGROUP_ROOT) -> tuple[int, int]:
-    """The budget and pixel share from the cgroup's reading once every worker has loaded and warmed up its models
-    (a worker calls it then, before it admits a request); logged by the worker that read it. Without a cgroup limit
-    to read, the estimate's."""
-    workers = options.process.workers
-    measured = footprint_after_load(workers, options.process.reload_dir, cgroup_root)
-    footprint = estimated_footprint(available_memory(cgroup_root), workers) if measured is None else measured[0]
-    budget, pixels = resolve_memory_budget(options, footprint)
-    if measured is None or measured[1]:
-        log_budget(footprint, workers, budget, pixels)
-    return budget, pixels

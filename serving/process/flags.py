@@ -1,7 +1,7 @@
 """`petal serve`'s flags (tensorflow_model_server's, plus Petal's own), parsed once into frozen `ServerOptions`.
 
-The files the flags name are read here, once (serving/config_files.py), so a bad file fails at start with its path
-and the options hold what the file says.
+The files the flags name are read here, once (serving/options/config_files.py), so a bad file fails at start with its
+path and the options hold what the file says.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, storage
-from serving.config import WORKER_CLASSES, ServerOptions, model_config_for, option_defaults
-from serving.config_files import (
+from serving.options.config import WORKER_CLASSES, ServerOptions, model_config_for, option_defaults
+from serving.options.config_files import (
     check_model_config,
     check_version_labels,
     read_batching_parameters,
@@ -23,8 +23,8 @@ from serving.config_files import (
     read_ssl_config,
     read_token_file,
 )
-from serving.memory import resolve_memory_budget
-from serving.model_server_flags import UNIMPLEMENTED
+from serving.options.model_server_flags import UNIMPLEMENTED
+from serving.process.memory_budget import resolve_memory_budget
 
 TF_SERVING_MODEL_NAME = "default"  # tensorflow_model_server's --model_name
 
@@ -204,7 +204,7 @@ def parse_args(argv: list[str]) -> ServerOptions:
         parser.error(str(error))
     options = ServerOptions.from_values(values, unimplemented_flags(parser, args))
     try:
-        resolve_memory_budget(options)  # checked here; each worker derives it (serving/worker.py)
+        resolve_memory_budget(options)  # checked here; each worker derives it (serving/process/worker.py)
     except ValueError as error:
         parser.error(str(error))
     process, protocols = options.process, options.protocols
@@ -254,7 +254,7 @@ def read_flag_files(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def unimplemented_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """The flags of serving/model_server_flags.py given a value other than Petal's behaviour: those that change
+    """The flags of serving/options/model_server_flags.py given a value other than Petal's behaviour: those that change
     nothing, with why, for the warning at start; a refused one ends start-up here, naming every one refused."""
     given = [(flag, getattr(args, flag.name)) for flag in UNIMPLEMENTED]
     given = [(flag, str(value).lower() if isinstance(value, bool) else value) for flag, value in given

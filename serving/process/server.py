@@ -1,11 +1,11 @@
 """`petal serve`: gunicorn running the Flask app, with gRPC in the same worker processes.
 
 Each worker process is a complete server: it builds one DataPlane (model repository + batcher), serves REST/KServe
-from gunicorn's event loop (serving/gevent_worker.py; `--worker_class=gthread` keeps the older thread per
+from gunicorn's event loop (serving/process/gevent_worker.py; `--worker_class=gthread` keeps the older thread per
 connection) and gRPC from its own threads on the shared --port (SO_REUSEPORT), so every protocol batches onto the
 same model copy. TensorFlow is only imported in the workers, after the fork.
 A worker's life (start, the initial load, gRPC once it is over, reloads, the SIGTERM drain, the exit) is its
-`Worker`'s (serving/worker.py): gunicorn's hooks and the SIGTERM handler here only call it. As with TF Serving,
+`Worker`'s (serving/process/worker.py): gunicorn's hooks and the SIGTERM handler here only call it. As with TF Serving,
 gRPC opens only once the initial load is over, and the REST model APIs wait for it too, while the REST port answers
 its health probes from the start (serving/core/startup.py). On SIGTERM a worker turns readiness false, stops
 accepting, lets requests in flight finish, then exits; the master gives it --graceful_timeout.
@@ -30,15 +30,16 @@ from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 
 from exported_models import storage
-from serving import metrics, ports, worker_stderr
-from serving.config import ServerOptions, bind_address, listening_urls
-from serving.config_files import write_key_pair
-from serving.flags import parse_args
-from serving.memory import log_estimated_budget
+from serving import metrics
+from serving.options.config import ServerOptions, bind_address, listening_urls
+from serving.options.config_files import write_key_pair
+from serving.process import ports, worker_stderr
+from serving.process.flags import parse_args
+from serving.process.memory_budget import log_estimated_budget
 from serving.protocols.grpc_api import unix_socket
 
 if TYPE_CHECKING:  # TensorFlow comes with the worker, and only the workers import it
-    from serving.worker import Worker
+    from serving.process.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class PetalApplication(BaseApplication):
         """gthread by name; for gevent, Petal's worker with this server's limits set on it."""
         if self.options.process.worker_class == "gthread":
             return "gthread"
-        from serving.gevent_worker import PetalGeventWorker
+        from serving.process.gevent_worker import PetalGeventWorker
 
         o, tls = self.options.protocols, self.options.security.tls
         return type("ConfiguredGeventWorker", (PetalGeventWorker,), {
@@ -184,7 +185,7 @@ class PetalApplication(BaseApplication):
         from serving.tensorflow_logs import import_tensorflow
 
         import_tensorflow()
-        from serving.worker import Worker
+        from serving.process.worker import Worker
 
         self.serving_worker = Worker(self.options)
         return self.serving_worker.start()

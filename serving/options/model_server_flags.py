@@ -1,7 +1,7 @@
 """tensorflow_model_server's flags that Petal takes without implementing them, and what a value given to one means.
 
 `petal serve` accepts every flag of TF Serving 2.x's model server (tensorflow_serving/model_servers/main.cc).
-serving/config.py implements those that change what Petal does; this table holds the others. For each, `petal`
+serving/options/config.py implements those that change what Petal does; this table holds the others. For each, `petal`
 lists the values that describe what Petal does anyway: such a value asks for nothing Petal does not do. Any other
 value either changes nothing that Petal serves (tuning, hardware set-up, TF Serving's internals: it is accepted
 and named in one warning line at start) or asks for something Petal cannot do (`refuse`: start-up fails with a

@@ -12,7 +12,7 @@ import errno
 import socket
 import sys
 
-from serving.config import ProtocolOptions, bind_address
+from serving.options.config import ProtocolOptions, bind_address
 
 
 def taken_ports(protocols: ProtocolOptions) -> list[str]:

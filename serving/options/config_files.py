@@ -1,7 +1,7 @@
 """The files `petal serve`'s flags name, each read into the value the options hold, and the checks they pass.
 
-Each is read once, at start (serving/flags.py), so that a bad file fails there with its path; only the model config
-is read again, by the worker watching it (serving/worker.py), through the same `read_model_config` and
+Each is read once, at start (serving/process/flags.py), so that a bad file fails there with its path; only the model
+config is read again, by the worker watching it (serving/process/worker.py), through the same `read_model_config` and
 `check_model_config`, which the reload RPC's config passes too.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from exported_models import storage
-from serving.config import (
+from serving.options.config import (
     DEFAULT_METRICS_PATH,
     BatchingOptions,
     TLSOptions,
@@ -27,7 +27,7 @@ from serving.config import (
     large_batch_splitting_note,
     token_digest,
 )
-from serving.protos import BatchingParameters, MonitoringConfig, SSLConfig
+from serving.options.protos import BatchingParameters, MonitoringConfig, SSLConfig
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def read_ssl_config(path: str) -> TLSOptions:
 
 
 def check_key_pair(tls: TLSOptions) -> None:
-    """The key, the certificate and the CA load as the REST port will load them (serving/gevent_worker.py), so a
+    """The key, the certificate and the CA load as the REST port will load them (serving/process/gevent_worker.py), so a
     bad one fails here, once, rather than in every worker. Python's ssl loads a key pair only from files: they are
     written to a private folder for the check and removed with it."""
     with tempfile.TemporaryDirectory(prefix="petal-tls-check-") as folder:

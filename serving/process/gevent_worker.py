@@ -41,7 +41,7 @@ from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import RequestTimeout
 
 from serving import threads
-from serving.config import MIN_BODY_RATE, TLSOptions
+from serving.options.config import MIN_BODY_RATE, TLSOptions
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class ReadDeadline(NoMoreData, RequestTimeout):
 
 def tls_context(tls: TLSOptions, cert_path: str, key_path: str) -> gssl.SSLContext:
     """The REST port's TLS context (a gevent one, so handshakes and reads yield to the loop). Python loads a
-    certificate chain only from files (serving/server.py writes them); the CA is PEM text. With custom_ca but no
+    certificate chain only from files (serving/process/server.py writes them); the CA is PEM text. With custom_ca but no
     client_verify a client certificate is asked for and checked when sent; the gRPC port asks for none
     (docs/security.md, 'What Petal does not do')."""
     context = gssl.SSLContext(gssl.PROTOCOL_TLS_SERVER)
@@ -235,7 +235,7 @@ class RealSelectorPolicy(asyncio.DefaultEventLoopPolicy):
 
 
 class PetalGeventWorker(GeventWorker):
-    """Settings come from gunicorn's config; Petal's are set by serving/server.py as `petal_*` attributes
+    """Settings come from gunicorn's config; Petal's are set by serving/process/server.py as `petal_*` attributes
     (`petal_tls`: the TLSOptions and the paths of the certificate and key files, or None)."""
 
     petal_max_connections = 1000
@@ -321,8 +321,8 @@ class PetalGeventWorker(GeventWorker):
         return True
 
     def close_idle_connections(self) -> None:
-        """Part of the worker's drain (serving/worker.py `Worker.drain`): keep-alive connections waiting for a next
-        request close now; those with a request in flight close once it is answered."""
+        """Part of the worker's drain (serving/process/worker.py `Worker.drain`): keep-alive connections waiting for a
+        next request close now; those with a request in flight close once it is answered."""
         for sock in list(self._clients):
             sock.close_when_idle()
 

@@ -2,7 +2,7 @@
 
 The one launcher that `petal loadtest --start-server`, the tests (tests/server_harness.py) and the benchmarks
 share. It talks to the server only as a process and over loopback, so it imports nothing of the server: `petal
-loadtest` stays free of TensorFlow and Flask (`python -X importtime -c "import serving.launcher"` shows it).
+loadtest` stays free of TensorFlow and Flask (`python -X importtime -c "import load_tests.launcher"` shows it).
 """
 from __future__ import annotations
 

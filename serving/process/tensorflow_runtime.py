@@ -1,6 +1,6 @@
 """How TensorFlow runs in a serving worker: its thread pools (sized to the cores, started below the worker's
 priority), whether idle threads spin-wait, and each GPU's memory. All of it must be set before TensorFlow's runtime
-starts, which `configure_tensorflow` does once per worker (serving/worker.py).
+starts, which `configure_tensorflow` does once per worker (serving/process/worker.py).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.eager import context
 
-from serving.config import DataPlaneOptions, ServerOptions
-from serving.cpus import available_cores
+from serving.host.cpus import available_cores
+from serving.options.config import DataPlaneOptions, ServerOptions
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """One serving worker process's life, owned by one `Worker`, as TF Serving's ServerCore owns its server's: start,
 the initial load, the ports, reloads, the drain and the exit.
 
-gunicorn forks the worker processes; in each, serving/server.py's gunicorn hooks and its SIGTERM handler call the
-process's `Worker` and nothing else:
+gunicorn forks the worker processes; in each, serving/process/server.py's gunicorn hooks and its SIGTERM handler call
+the process's `Worker` and nothing else:
 
-- `start` (gunicorn loading the app): TensorFlow's runtime set up (serving/tensorflow_runtime.py), the DataPlane
+- `start` (gunicorn loading the app): TensorFlow's runtime set up (serving/process/tensorflow_runtime.py), the DataPlane
   built on the model config the options hold, its initial load begun in the background, the watches on
   --model_config_file and on what a sibling's reload RPC publishes; it returns the REST app.
 - `serve` (gunicorn's post_worker_init): with several workers, the load waited for before the REST port accepts;
@@ -30,14 +30,15 @@ from google.protobuf import text_format
 from gunicorn.arbiter import Arbiter
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.config import ServerOptions, listening_urls
-from serving.config_files import read_model_config
 from serving.core import Code, DataPlane, ServingError, Startup, VersionState
-from serving.memory import budget_after_load, measures_memory_budget, resolve_memory_budget, return_freed_blocks
+from serving.host.memory import return_freed_blocks
+from serving.options.config import ServerOptions, listening_urls
+from serving.options.config_files import read_model_config
+from serving.process.memory_budget import budget_after_load, measures_memory_budget, resolve_memory_budget
+from serving.process.tensorflow_runtime import configure_tensorflow
+from serving.process.worker_stderr import say
 from serving.protocols.grpc_api import server as grpc_server
 from serving.protocols.rest.app import create_app
-from serving.tensorflow_runtime import configure_tensorflow
-from serving.worker_stderr import say
 
 if TYPE_CHECKING:
     import grpc
@@ -87,7 +88,7 @@ class Worker:
 
         A derived memory budget is, in a cgroup, measured once the initial load and warmup are over (what the server
         then holds, page cache included, is known only then) and before the worker admits a request; until then the
-        budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/server.py logs it).
+        budget refuses bodies. Without a cgroup it is the estimate's, known at once (serving/process/server.py logs it).
         """
         options = self.options
         budget, pixels = resolve_memory_budget(options)
