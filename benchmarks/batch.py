@@ -21,10 +21,14 @@ import tempfile
 import time
 
 import numpy as np
-import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from serving.tensorflow_logs import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
+import tensorflow as tf  # noqa: E402
 
 from serving.batch_prediction.steps import StaticBatchClassifier, read_model_info  # noqa: E402
 from training import synth  # noqa: E402

@@ -118,6 +118,9 @@ def main() -> int:
     parser.add_argument("--model_seconds", type=float, default=3.0, help="seconds per batch size in-process")
     args = parser.parse_args()
     from load_tests import launcher
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
 
     photos = bench.photo_sets([(480, 360)])["480x360"]
     costs = model_cpu_per_image(photos, args.model_seconds)

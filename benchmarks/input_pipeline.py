@@ -19,14 +19,16 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf
+from serving.tensorflow_logs import import_tensorflow_quietly
 
-from training import synth
-from training.input import AUTOTUNE, input_fn
-from training.preprocessing import FEATURES, decode_uint8
-from training.tfrecords import example
+import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
+import tensorflow as tf  # noqa: E402
+
+from training import synth  # noqa: E402
+from training.input import AUTOTUNE, input_fn  # noqa: E402
+from training.preprocessing import FEATURES, decode_uint8  # noqa: E402
+from training.tfrecords import example  # noqa: E402
 
 
 def write_shards(folder: str, num_images: int, num_shards: int, width: int, height: int) -> str:

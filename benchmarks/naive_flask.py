@@ -21,6 +21,9 @@ from gunicorn.app.base import BaseApplication
 
 
 def create_app(model_dir: str) -> flask.Flask:
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     import tensorflow as tf
 
     signature = tf.saved_model.load(model_dir).signatures["serving_default"]

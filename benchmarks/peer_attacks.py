@@ -37,7 +37,9 @@ def main() -> int:
     parser.add_argument("--petal_args", default="", help="flags for every server")
     parser.add_argument("--rest_connections", type=int, default=1000, help="the REST peer's connections (0: none)")
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     from memory import process_group  # benchmarks/memory.py
     from tensorflow_serving.apis import predict_pb2
 

@@ -39,6 +39,9 @@ PROTOCOLS = ("rest", "v2", "grpc")
 def serve_requests(tree: str) -> None:
     """In `tree`'s code: serve the blocks of requests that stdin asks for (see the module's docstring)."""
     sys.path.insert(0, tree)
+    from serving.tensorflow_logs import import_tensorflow  # the checkout's own; main() sets TF_CPP_MIN_LOG_LEVEL
+
+    import_tensorflow()  # first, without TensorFlow's C++ start-up lines
     import grpc
     import numpy as np
     from gunicorn import glogging

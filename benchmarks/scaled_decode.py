@@ -38,7 +38,9 @@ def main() -> int:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--eval_csv", help="a `petal synth` split (path,label rows) to compare top-1 on")
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     import tensorflow as tf
 
     from exported_models.model_format import class_names, latest_version

@@ -890,11 +890,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds % 2 == 0:
         parser.error("--rounds must be odd: each cell is the median round, one real run")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from serving.host.cpus import available_cores
-    from serving.tensorflow_logs import import_tensorflow
+    from serving.tensorflow_logs import import_tensorflow_quietly
 
-    import_tensorflow()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
+    import_tensorflow_quietly()  # without its C++ start-up lines, as `petal serve` does (the request bodies need it)
 
     if args.model == "mobilenet_v2":
         size = args.image_size or 224

@@ -30,6 +30,9 @@ def per_call_us(run, feed: np.ndarray, calls: int) -> float:
 
 
 def main() -> int:
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
 

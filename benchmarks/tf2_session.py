@@ -45,7 +45,9 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=200, help="images per round and path, at each batch size")
     parser.add_argument("--batches", default="1,16")
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from serving.tensorflow_logs import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     import tensorflow as tf
 
     from exported_models.model_format import DEFAULT_MODEL_BASE_PATH, latest_version, meta_graph, read_saved_model

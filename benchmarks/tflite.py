@@ -30,11 +30,15 @@ import time
 import grpc
 import numpy as np
 import psutil
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from serving.tensorflow_logs import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
+import tensorflow as tf  # noqa: E402
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from load_tests.launcher import running  # noqa: E402
 from serving.core import Servable  # noqa: E402

@@ -17,14 +17,17 @@ import sys
 import tempfile
 import time
 
-import tensorflow as tf
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from training.export import export_saved_model
-from training.input import input_fn
-from training.synth import CLASSES, render
-from training.train import TrainConfig, Trainer
+from serving.tensorflow_logs import import_tensorflow_quietly
+
+import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
+import tensorflow as tf  # noqa: E402
+
+from training.export import export_saved_model  # noqa: E402
+from training.input import input_fn  # noqa: E402
+from training.synth import CLASSES, render  # noqa: E402
+from training.train import TrainConfig, Trainer  # noqa: E402
 
 
 def _write_sample(directory: str, count: int) -> str:

@@ -72,6 +72,14 @@ def import_tensorflow() -> None:
         tensorflow.config.list_physical_devices("GPU")  # CUDA's start-up (its cuInit) logs here, filtered too
 
 
+def import_tensorflow_quietly() -> None:
+    """`import_tensorflow` in a process that `petal` did not start (a benchmark), where nothing has set
+    TF_CPP_MIN_LOG_LEVEL: at 2 unless the environment says otherwise (errors show; 0 shows everything), the level
+    load_tests.launcher gives the servers such a process starts, and which its children inherit."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()
+
+
 def _kept(line: bytes, keep: Callable[[bytes], bool]) -> bytes:
     return line + b"\n" if keep(line) else b""
 

@@ -1,7 +1,9 @@
 """What a newcomer sees first (docs/serving.md, "The first screen"): a real `petal serve` with the default flags
 but its ports (the default model), in an environment that sets nothing for TensorFlow, says what it loads and then
 that it is ready, and shows none of TensorFlow's C++ start-up lines; `petal --verbose` brings them back. `petal
-predict` and `petal batch`, which import TensorFlow themselves, are as quiet."""
+predict`, `petal batch` and `petal train`, which import TensorFlow themselves, are as quiet, and so are the
+benchmarks. Quiet whatever TF_CPP_MIN_LOG_LEVEL says but 0: unset, `petal` sets 3 and a benchmark 2; 0 asks for
+every line, as `petal --verbose` does (serving/tensorflow_logs.py)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +22,7 @@ from load_tests import launcher
 from server_harness import ROOT, TF_NATIVE_LOG, children, free_ports, jpeg, run_server, user_environment
 from serving.options.config import ProtocolOptions
 from serving.process import ports
+from training_data import train_args
 
 # Lines TensorFlow 2.21's C++ prints on a machine without a GPU: at import (the first three, twice; oneDNN's only on
 # a CPU with AVX-512), and once its runtime starts (the last two, which TF_CPP_MIN_LOG_LEVEL hides).
@@ -111,25 +114,42 @@ def test_verbose_brings_tensorflows_lines_back():
 
 
 BATCH_JOB = ["batch", "--model_dir", "exported_models/flowers", "--input", "IMAGE", "--output_dir", "OUT"]
+TRAIN_JOB = ["train", "TINY_SET"]  # one step on tests/training_data.py's tiny set, with its export
+
+
+def quiet_run(command: list[str], level: str | None) -> None:
+    """`python COMMAND` from the checkout, in a user's environment with TF_CPP_MIN_LOG_LEVEL unset or at `level`:
+    it succeeds and prints nothing to stderr."""
+    env = user_environment(**({} if level is None else {"TF_CPP_MIN_LOG_LEVEL": level}))
+    run = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == "", run.stderr
 
 
 @pytest.mark.parametrize(("command", "level"), [
     (["predict", "IMAGE"], None), (["batch", "--help"], None), (["tfrecords", "--help"], None),
     (["train", "--help"], None), (["export", "--help"], None), (BATCH_JOB, None),
-    (["predict", "IMAGE"], "2"), (BATCH_JOB, "2")])
-def test_commands_that_import_tensorflow_do_so_quietly(command, level, tmp_path):
+    (["predict", "IMAGE"], "2"), (BATCH_JOB, "2"), (TRAIN_JOB, "2")])
+def test_commands_that_import_tensorflow_do_so_quietly(command, level, tmp_path, request):
     """A whole Beam job too: Beam 2.77's RunInference warned, on every model load, that it could not measure memory.
     The training commands printed TensorFlow's C++ start-up lines twice, and `tfrecords` Beam's warning about Google
     Cloud clients, even for --help. With TF_CPP_MIN_LOG_LEVEL=2 the commands that run a model printed the failed
-    cuInit of a machine without a GPU as an ERROR line."""
+    cuInit of a machine without a GPU as an ERROR line; unset, `petal` sets 3, which a real job needs no more than
+    --help does."""
     image = tmp_path / "flower.jpg"
     image.write_bytes(jpeg())
     paths = {"IMAGE": str(image), "OUT": str(tmp_path / "out")}
-    env = user_environment(**({} if level is None else {"TF_CPP_MIN_LOG_LEVEL": level}))
-    run = subprocess.run([sys.executable, "-m", "petal", *[paths.get(a, a) for a in command]],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr
-    assert run.stderr == "", run.stderr
+    if command == TRAIN_JOB:
+        command = train_args(request.getfixturevalue("tiny_data"), tmp_path / "out", "--train_steps", "1")[1:]
+    quiet_run(["-m", "petal", *[paths.get(a, a) for a in command]], level)
+
+
+@pytest.mark.parametrize(("benchmark", "level"), [("batch.py", None), ("train_throughput.py", "2")])
+def test_benchmarks_import_tensorflow_quietly(benchmark, level):
+    """Both import TensorFlow as they are loaded, so --help is their whole start: they printed absl's notice and
+    "Could not find cuda drivers" twice (and, with TF_CPP_MIN_LOG_LEVEL unset, the CPU instructions notice). Every
+    benchmark imports it the one way (serving/tensorflow_logs.py's import_tensorflow_quietly)."""
+    quiet_run([f"benchmarks/{benchmark}", "--help"], level)
 
 
 def test_a_second_server_on_the_first_ones_ports_says_so_at_once_and_exits():
