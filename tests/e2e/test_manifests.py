@@ -77,7 +77,10 @@ def test_a_fresh_pod_of_the_deployment_holds_a_pixel_flood_within_its_limit():
     expected = (limit * (1 - HEADROOM) - idle.usage) / (1 + ESTIMATE_SLACK)
     assert abs(budget - expected) < 32 * MiB, f"the budget is not the one the idle cgroup gives ({summary})"
     assert sum(statuses.values()) == CLIENTS and set(statuses) <= {200, 503, 504}, summary
-    assert peaks.working_set - idle.working_set > budget / 4, f"the flood did not reach the budget ({summary})"
+    # the flood reached the budget: it refused some (503), or what it admitted grew the working set (memory freed
+    # goes back at once, so a sample can miss most of the peak: once 162 MB against a bound of 163)
+    assert 503 in statuses or peaks.working_set - idle.working_set > budget / 4, \
+        f"the flood did not reach the budget ({summary})"
     assert peaks.working_set <= (1 - HEADROOM) * limit, summary
     assert peaks.last is not None and peaks.last.failed_charges == 0, summary
     assert peaks.last.oom_kills == 0 and alive, summary
