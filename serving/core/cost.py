@@ -8,7 +8,9 @@ activations take memory that the budget must count (docs/performance.md, 'Batche
 So, right after warmup, batches of the warmup's first image are run at each size in turn (1, 2, 4, ... up to
 `max_batch_size`), and for each are read the CPU per image (the process's CPU time, the model's intra-op threads
 included, which unlike a wall clock other processes on the machine hardly move; the mean of a few calls, the least
-of a few passes) and the memory a call adds at its peak (the resident high-water mark, reset before each call).
+of a few passes) and the memory a call adds at its peak: the resident high-water mark, reset before each call, or
+where more, the peak of TensorFlow's tensor pool (serving/host/memory.py's `pool_tensors`), which a call reuses
+rather than grows once an earlier call has grown it, so that the resident mark alone would miss it.
 The measure stops at its time bound, or once larger batches have cost more per image twice in a row, then measures
 the same sizes again while its time lasts.
 
@@ -91,35 +93,44 @@ def _room() -> int:
     return int((available_memory() * (1 - HEADROOM) - held) / 2)
 
 
-def _call(run: Callable[[dict[str, np.ndarray]], object], inputs: dict[str, np.ndarray]) -> tuple[float, int]:
-    """CPU seconds of one call, and the bytes it added at its peak over what was resident before it (0 where they
-    cannot be read)."""
+TensorPool = Callable[[], "tuple[int, int] | None"]  # (in use, peak) bytes, the peak then reset; None: no pool
+
+
+def _call(run: Callable[[dict[str, np.ndarray]], object], inputs: dict[str, np.ndarray],
+          tensors: TensorPool) -> tuple[float, int]:
+    """CPU seconds of one call, and the bytes it added at its peak over what was held before it: resident, or in
+    the tensor pool where that says more (0 where neither can be read)."""
     before = _resident() if _reset_peak() else None
+    pool_before = tensors()
     cpu = time.process_time()
     run(inputs)
     cpu = time.process_time() - cpu
     after = _resident() if before is not None else None
-    return cpu, max(0, after[1] - before[0]) if before is not None and after is not None else 0
+    pool_after = tensors() if pool_before is not None else None
+    resident = max(0, after[1] - before[0]) if before is not None and after is not None else 0
+    pooled = max(0, pool_after[1] - pool_before[0]) if pool_before is not None and pool_after is not None else 0
+    return cpu, max(resident, pooled)
 
 
-def _size_cost(run: Callable[[dict[str, np.ndarray]], object], batch: dict[str, np.ndarray]
-               ) -> tuple[float, int, int]:
+def _size_cost(run: Callable[[dict[str, np.ndarray]], object], batch: dict[str, np.ndarray],
+               tensors: TensorPool) -> tuple[float, int, int]:
     """The mean CPU seconds of a few calls on `batch` (at least CALLS, and at least SIZE_CPU_S in all, at most
     MAX_CALLS; a mean, since the process's CPU clock lags a thread still running on another core by up to a tick,
     which the least of short calls would pick), the most bytes one added, and the calls made."""
-    calls = [_call(run, batch)]
+    calls = [_call(run, batch, tensors)]
     while len(calls) < MAX_CALLS and (len(calls) < CALLS or sum(cpu for cpu, _ in calls) < SIZE_CPU_S):
-        calls.append(_call(run, batch))
+        calls.append(_call(run, batch, tensors))
     return sum(cpu for cpu, _ in calls) / len(calls), max(added for _, added in calls), len(calls)
 
 
 def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np.ndarray], largest: int,
-            seconds: float) -> BatchCost:
+            seconds: float, tensors: TensorPool = lambda: None) -> BatchCost:
     """The cost of `run` on batches of `sample`'s first row, at 1, 2, 4, ... up to `largest` rows, within
     `seconds`: a size whose calls would pass it (by the last size's CPU per image), or whose memory would pass
     half what the memory limit leaves (by the most a row has added), is not started. The sizes are
     measured once in turn, then again, in turn, while the time lasts (PASSES at most), each keeping its least pass: a
-    slow spell of the machine then falls on every size rather than on one."""
+    slow spell of the machine then falls on every size rather than on one. `tensors` reads the tensor pool
+    (serving/core/runtimes.py's `tensor_pool`)."""
     started = time.monotonic()
     cpu: dict[int, float] = {}  # CPU seconds per image, the least pass's
     peak: dict[int, int] = {}
@@ -138,7 +149,7 @@ def measure(run: Callable[[dict[str, np.ndarray]], object], sample: dict[str, np
 
     def measure_size(size: int) -> None:
         began = time.monotonic()
-        mean, added, calls = _size_cost(run, batches[size])
+        mean, added, calls = _size_cost(run, batches[size], tensors)
         wall[size] = (time.monotonic() - began) / size / calls
         cpu[size] = min(cpu.get(size, mean / size), mean / size)
         peak[size] = max(peak.get(size, 0), added)

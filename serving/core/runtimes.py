@@ -76,6 +76,18 @@ def load_error(error: Exception) -> ServingError:
     return status_error(error) if isinstance(error, tf.errors.OpError) else failed_to_load(error)
 
 
+def tensor_pool() -> tuple[int, int] | None:
+    """Bytes in use and at the peak in TensorFlow's CPU tensor pool, whose peak then starts again from what is in use;
+    None where TensorFlow's allocator is its default one, which keeps no count (serving/host/memory.py's
+    `pool_tensors` chooses the pool)."""
+    try:
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        tf.config.experimental.reset_memory_stats("CPU:0")
+    except ValueError:
+        return None
+    return info["current"], info["peak"]
+
+
 def load(path: str, options: LoadOptions) -> RuntimeModel:
     if options.prefer_tflite and os.path.exists(os.path.join(path, model_format.TFLITE_FILE)):
         from serving.core.tflite import TfLiteModel  # only TFLite servers pay for the interpreter's import

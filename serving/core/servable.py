@@ -18,7 +18,7 @@ from exported_models.model_format import DEFAULT_SIGNATURE, SignatureInfo
 from serving.core import cost, examples
 from serving.core.batchable import unbatched_reason
 from serving.core.errors import ServingError, invalid
-from serving.core.runtimes import LoadOptions, load, load_error
+from serving.core.runtimes import LoadOptions, load, load_error, tensor_pool
 from serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ class Servable:
         if self._cost_sample is None:
             return
         key, inputs = self._cost_sample
-        measured = self.costs[key] = cost.measure(functools.partial(self.run, key), inputs, largest, seconds)
+        measured = self.costs[key] = cost.measure(functools.partial(self.run, key), inputs, largest, seconds,
+                                                  tensor_pool)
         logger.info("batch cost", extra={"fields": {"model": self.model, "version": self.version, "signature": key,
                                                     **measured.fields()}})
 

