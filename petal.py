@@ -11,7 +11,7 @@ import os
 import sys
 from typing import NoReturn
 
-from training import PROGRESS_LOGGER, JsonFormatter
+from training import PROGRESS_LOGGER, JsonFormatter, import_warnings_hidden
 
 COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, extra that installs its dependencies, help)
     "synth": ("training.synth", "train", "generate the synthetic flowers dataset (JPEGs + train/eval CSVs)"),
@@ -86,24 +86,19 @@ def run(argv: list[str], verbose: bool) -> int:
     module_name, extra, _ = COMMANDS[argv[0]]
     if argv[0] in WITHOUT_KERAS:
         sys.modules.setdefault("keras", None)  # type: ignore[arg-type]  # None blocks the import
-    root = logging.getLogger()
-    level = root.level
-    if not verbose:  # libraries that warn as they are imported: Beam, of the Google Cloud clients it lacks
-        root.setLevel(logging.ERROR)
     try:
-        if argv[0] in IMPORT_TENSORFLOW:
-            from serving.tensorflow_logs import import_tensorflow
+        with import_warnings_hidden(not verbose):
+            if argv[0] in IMPORT_TENSORFLOW:
+                from serving.tensorflow_logs import import_tensorflow
 
-            import_tensorflow()
-        module = importlib.import_module(module_name)
+                import_tensorflow()
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in EXTRA_PACKAGES:
             raise
         print(f"petal {argv[0]} needs {error.name}, which a plain install leaves out: "
               f"pip install 'petal[{extra or 'test'}]'", file=sys.stderr)
         return 2
-    finally:
-        root.setLevel(level)
     return int(module.main(argv[1:]) or 0)
 
 

@@ -25,10 +25,12 @@ from serving.tensorflow_logs import import_tensorflow_quietly
 import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
 import tensorflow as tf  # noqa: E402
 
-from training import synth  # noqa: E402
+from training import import_warnings_hidden, synth  # noqa: E402
 from training.input import AUTOTUNE, input_fn  # noqa: E402
 from training.preprocessing import FEATURES, decode_uint8  # noqa: E402
-from training.tfrecords import example  # noqa: E402
+
+with import_warnings_hidden():  # training/tfrecords.py imports Beam, which warns of Google Cloud clients it lacks
+    from training.tfrecords import example
 
 
 def write_shards(folder: str, num_images: int, num_shards: int, width: int, height: int) -> str:

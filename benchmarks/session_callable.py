@@ -35,6 +35,7 @@ def main() -> int:
     import_tensorflow_quietly()  # first, without TensorFlow's C++ start-up lines
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.util import deprecation
 
     from exported_models.tf_serving_models import half_plus_two
 
@@ -46,7 +47,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = half_plus_two(os.path.join(folder, "1"))
         session = tf.compat.v1.Session(graph=tf.Graph())
-        tf.compat.v1.saved_model.load(session, ["serve"], path)
+        with deprecation.silence():  # the TF1 loader's notice, as serving/core/runtimes.py silences it
+            tf.compat.v1.saved_model.load(session, ["serve"], path)
     paths = {"make_callable (Session.run)": session.make_callable(["y:0"], feed_list=["x:0"]),
              "CallableOptions (C++)": session._make_callable_from_options(
                  config_pb2.CallableOptions(feed=["x:0"], fetch=["y:0"]))}

@@ -38,6 +38,8 @@ READ_TIMEOUT_S = 30
 RETRIES = 2
 # The clients' own loggers: each retry, fallback and traceback of theirs, on every poll of a store that is away.
 CLIENT_LOGGERS = ("gcsfs", "s3fs", "adlfs", "fsspec", "aiobotocore", "botocore", "azure")
+# The prefixes of the environment variables that configure the stores' clients (their SDKs', TF Serving's, gcsfs's).
+STORE_VARIABLES = ("AWS_", "S3_", "GOOGLE_", "GCE_", "GCSFS_", "STORAGE_EMULATOR_HOST", "AZURE_")
 # Environment variables whose values never appear in a message (a connection string carries its key too).
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY",
                     "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET", "AZURE_CLIENT_SECRET",
@@ -111,10 +113,12 @@ def describe(error: BaseException) -> str:
 # --- the file systems ---------------------------------------------------------------------------------------------
 
 def filesystem(path: str) -> Any:
-    """The fsspec file system for a URL's scheme, configured from the environment; StorageError names the
-    `pip install` when the scheme's extra is missing. One per process: a server's master reads a model config
-    file in a bucket before it forks its workers, and the async clients are not fork-safe."""
-    return _filesystem(scheme(path) or "file", os.getpid())
+    """The fsspec file system for a URL's scheme, configured from the environment as it is now; StorageError names
+    the `pip install` when the scheme's extra is missing. One per process and environment: a server's master reads a
+    model config file in a bucket before it forks its workers, and the async clients are not fork-safe; a process
+    that changes its credentials or endpoint in `os.environ` gets a file system made from the new ones."""
+    require(path)
+    return _filesystem(scheme(path) or "file", os.getpid(), _store_environment())
 
 
 def require(path: str) -> None:
@@ -128,11 +132,15 @@ def require(path: str) -> None:
                            f"pip install 'petal[{extra}]'")
 
 
-@functools.cache
-def _filesystem(name: str, pid: int) -> Any:
+def _store_environment() -> tuple[tuple[str, str], ...]:
+    """The variables the stores' clients read their configuration and credentials from."""
+    return tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith(STORE_VARIABLES)))
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem(name: str, pid: int, environment: tuple[tuple[str, str], ...]) -> Any:
     import fsspec
 
-    require(f"{name}://")
     module = STORES.get(name, ("", ""))[0]
     if not logging.getLogger().isEnabledFor(logging.INFO):  # quiet unless asked (petal -v): what fails is said
         for client in CLIENT_LOGGERS:                         # once, in one line, by whoever called

@@ -31,6 +31,7 @@ import os
 import tempfile
 
 import tensorflow as tf
+from tensorflow.python.util import deprecation
 
 VERSIONS = ("00000123", "00000124")
 ASSET = "foo.txt"
@@ -46,8 +47,9 @@ def _features(v1) -> dict:
 
 def _signature(v1, method: str, inputs: dict, outputs: dict):
     info = v1.saved_model.utils.build_tensor_info
-    return v1.saved_model.signature_def_utils.build_signature_def(
-        {k: info(t) for k, t in inputs.items()}, {k: info(t) for k, t in outputs.items()}, method)
+    with deprecation.silence():  # TF1's API, which these models are built with on purpose, says it is deprecated
+        return v1.saved_model.signature_def_utils.build_signature_def(
+            {k: info(t) for k, t in inputs.items()}, {k: info(t) for k, t in outputs.items()}, method)
 
 
 def _variable(v1, value, name: str, **kwargs):

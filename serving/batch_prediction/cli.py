@@ -20,6 +20,7 @@ from typing import Any
 from exported_models import storage
 from serving.batch_prediction import preflight, steps
 from serving.options.config import DataPlaneOptions
+from training import import_warnings_hidden
 
 ENGINES = {"beam": ("serving.batch_prediction.job", "apache_beam", "batch"),
            "spark": ("serving.batch_prediction.spark_job", "pyspark", "spark")}
@@ -148,17 +149,12 @@ def main(argv: list[str]) -> int:
     chooser.add_argument("--engine", choices=sorted(ENGINES), default="beam")
     engine = chooser.parse_known_args(argv)[0].engine
     module_name, package, extra = ENGINES[engine]
-    root = logging.getLogger()
-    level = root.level
-    if quiet():  # Beam warns on import about Google Cloud clients it lacks
-        root.setLevel(logging.ERROR)
     try:
-        module = importlib.import_module(module_name)
+        with import_warnings_hidden(quiet()):
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] != package:
             raise
         print(f"petal batch --engine={engine} needs {package}: pip install 'petal[{extra}]'", file=sys.stderr)
         return 2
-    finally:
-        root.setLevel(level)
     return module.main(argv)

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from apache_beam.metrics import Metrics
@@ -30,20 +31,43 @@ from training import PROGRESS_LOGGER, JsonFormatter
 
 METRICS_NAMESPACE = "petal.batch"
 PROGRESS_SECONDS = 10.0
-progress = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
+progress_log = logging.getLogger(PROGRESS_LOGGER)  # INFO even when quiet: see petal.configure_logging
 
 
 def log_progress_to_stderr() -> None:
     """In a worker process of its own (`--direct_running_mode multi_processing`), progress goes as JSON lines to the
     stderr it shares with the job, as the job logs: Beam's logging channel carries it to the job only as an INFO
     line of Beam's own logger, which a quiet job does not show, so such a job showed no progress at all."""
-    if progress.handlers:  # another copy in this process did it
+    if progress_log.handlers:  # another copy in this process did it
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    progress.addHandler(handler)
-    progress.setLevel(logging.INFO)
-    progress.propagate = False
+    progress_log.addHandler(handler)
+    progress_log.setLevel(logging.INFO)
+    progress_log.propagate = False
+
+
+@dataclass
+class Progress:
+    """Rows predicted by one copy of the handler, logged every PROGRESS_SECONDS. Counted where the model runs
+    rather than where rows are written: on the DirectRunner the steps after the model start only once it has seen
+    every row, so a job counted there showed nothing until it was over."""
+    job_pid: int = field(default_factory=os.getpid)  # a copy run in another process is in a Beam worker of its own
+    rows: int = 0
+    started: float = -1.0  # set at this copy's first batch, on its worker
+    logged: float = -1.0
+
+    def add(self, rows: int) -> None:
+        now = time.monotonic()
+        if self.started < 0:
+            self.started = self.logged = now
+            if os.getpid() != self.job_pid:
+                log_progress_to_stderr()
+        self.rows += rows
+        if now - self.logged >= PROGRESS_SECONDS:
+            self.logged = now
+            progress_log.info("batch progress", extra={"fields": {
+                "rows_predicted": self.rows, "images_per_s": round(self.rows / max(now - self.started, 1e-9), 1)}})
 
 
 class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
@@ -61,9 +85,7 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         self._batch_size = batch_size
         self._use_tpu = use_tpu
         self._tpu = tpu
-        self._rows = 0
-        self._started = self._logged = -1.0  # set at this copy's first batch, on its worker
-        self._job_pid = os.getpid()  # a copy run in another process is in a Beam worker process of its own
+        self.progress = Progress()
 
     def load_model(self) -> BatchModel:
         return load_model(self._info, self._batch_size, self._use_tpu, self._tpu)
@@ -73,23 +95,8 @@ class SavedModelHandler(ModelHandler[Any, Any, BatchModel]):
         predictions = predict_batch(model, batch)
         Metrics.counter(METRICS_NAMESPACE, "batches").inc()
         Metrics.counter(METRICS_NAMESPACE, "padded").inc(self._batch_size - len(batch))
-        self._log_progress(len(batch))
+        self.progress.add(len(batch))
         return predictions
-
-    def _log_progress(self, rows: int) -> None:
-        """Rows predicted by this copy of the handler, logged now and then. Here rather than where rows are
-        written: on the DirectRunner the steps after the model start only once it has seen every row, so a job
-        counted there showed nothing until it was over."""
-        now = time.monotonic()
-        if self._started < 0:
-            self._started = self._logged = now
-            if os.getpid() != self._job_pid:
-                log_progress_to_stderr()
-        self._rows += rows
-        if now - self._logged >= PROGRESS_SECONDS:
-            self._logged = now
-            progress.info("batch progress", extra={"fields": {
-                "rows_predicted": self._rows, "images_per_s": round(self._rows / max(now - self._started, 1e-9), 1)}})
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
         return sum(row_bytes(row) for row in batch)

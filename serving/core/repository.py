@@ -34,8 +34,8 @@ from serving.core import heap
 from serving.core.errors import Code, ServingError, deadline_exceeded, failed_to_load, invalid, not_found, unavailable
 from serving.core.policy import aspired_versions
 from serving.core.source import ModelSource, Source
+from serving.core.version_labels import check_version_labels
 from serving.metrics import Metrics
-from serving.options.config_files import check_version_labels
 from serving.threads import timeout_until
 
 logger = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ class Repository(Generic[S]):
         """Load the models listed, unload the ones left out (on the poll thread, after this returns); what to pass
         `wait_available`. The caller has checked the config (serving/options/config_files.py `check_model_config`). Its
         labels are checked here, against the versions AVAILABLE now, as TF Serving's ReloadConfig checks them before
-        it adds a model (serving/options/config_files.py `check_version_labels`): one refused fails the whole config,
+        it adds a model (serving/core/version_labels.py): one refused fails the whole config,
         FAILED_PRECONDITION, and nothing changes, the labels in force included. The first config, given to the
         constructor, is checked at start (serving/process/flags.py), when no version is AVAILABLE."""
         with self._lock:

@@ -149,8 +149,7 @@ class DataPlaneOptions:
     batching_from_file: bool = False  # --batching_parameters_file: its batch sizes win over the measured ones
     batch_cost_seconds: float = 2.0  # measuring each version's cost per batch size at load (0: not measured)
     enable_model_warmup: bool = True
-    # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/options/config_files.py
-    # `check_version_labels`)
+    # a label new to a model (or kept) may name a version not AVAILABLE yet (serving/core/version_labels.py)
     allow_version_labels_for_unavailable_models: bool = False
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0

@@ -11,7 +11,6 @@ import os
 import re
 import ssl
 import tempfile
-from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from google.protobuf import message as protobuf_message
@@ -96,24 +95,6 @@ def _inside(path: str, root: str) -> bool:
         return ".." not in parts and parts[:len(top)] == top
     real_root = os.path.realpath(storage.local_path(root))
     return os.path.commonpath([real_root, os.path.realpath(storage.local_path(path))]) == real_root
-
-
-def check_version_labels(config: model_server_config_pb2.ModelServerConfig, available: Mapping[str, Collection[int]],
-                         labels: Mapping[str, Mapping[str, int]], allow_unavailable: bool) -> None:
-    """TF Serving's rule for `version_labels` (ServerCore::UpdateModelVersionLabelMap, model_servers/server_core.cc):
-    a label names a version AVAILABLE when the config is taken (`available`, by model), so that a label never sends
-    requests to a version that cannot answer them. With --allow_version_labels_for_unavailable_models a label new to
-    the model, or one naming the version it names now (`labels`, by model), may name any version; an existing label
-    is still never moved to one, so that a version swap does not drop the label's requests while the new version
-    loads. ValueError, in TF Serving's words, names the first label refused: its FAILED_PRECONDITION."""
-    for model in config.model_config_list.config:
-        current = labels.get(model.name, {})
-        for label, version in model.version_labels.items():
-            if allow_unavailable and current.get(label, version) == version:
-                continue
-            if version not in available.get(model.name, ()):
-                raise ValueError(f"Request to assign label to version {version} of model {model.name}, which is not "
-                                 "currently available for inference")
 
 
 def read_ssl_config(path: str) -> TLSOptions:

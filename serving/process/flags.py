@@ -13,10 +13,10 @@ import sys
 from typing import Any
 
 from exported_models import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, storage
+from serving.core.version_labels import check_version_labels
 from serving.options.config import WORKER_CLASSES, ServerOptions, model_config_for, option_defaults
 from serving.options.config_files import (
     check_model_config,
-    check_version_labels,
     read_batching_parameters,
     read_metrics_path,
     read_model_config,

@@ -193,13 +193,10 @@ def test_a_spark_job_on_the_cluster_reads_and_writes_s3_with_the_executor_enviro
 
 @pytest.fixture
 def environment(store, monkeypatch):
-    """The store's variables in this process, whose file systems are made anew from them (once per process
-    otherwise); a test may set others."""
+    """The store's variables in this process, whose file systems are made from them; a test may set others."""
     for name, value in store.env.items():
         monkeypatch.setenv(name, value)
-    storage._filesystem.cache_clear()
-    yield monkeypatch
-    storage._filesystem.cache_clear()
+    return monkeypatch
 
 
 @pytest.mark.parametrize("engine", ["beam", "spark"])
@@ -216,11 +213,9 @@ def test_a_store_the_job_cannot_use_is_one_line_and_exit_2(engine, environment, 
         f"--model_dir {nowhere}: could not list {nowhere}: ": job(model=nowhere),
         "--output_dir s3://no-such-bucket/out: could not list s3://no-such-bucket/out: ": job(
             output="s3://no-such-bucket/out")}, capfd)
-    environment.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")
-    storage._filesystem.cache_clear()
+    environment.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")  # a file system made with it
     assert_each_fails_fast_in_one_line({f"--model_dir {MODEL}: could not list {MODEL}: ": job()}, capfd)
     environment.setitem(sys.modules, "s3fs", None)
-    storage._filesystem.cache_clear()
     assert_each_fails_fast_in_one_line({
         f"--model_dir {MODEL}: s3:// needs s3fs, which a plain install leaves out: pip install 'petal[s3]'": job()},
         capfd)

@@ -404,13 +404,14 @@ def test_progress_moves_with_every_batch_the_model_predicts(model_dir, inputs, t
     assert done == sorted(set(done)) and done[-1] == summary["results"] == 100
 
 
-def test_a_worker_process_of_its_own_writes_its_progress_to_the_jobs_stderr(model_dir, monkeypatch, capfd):
+def test_a_worker_process_of_its_own_writes_its_progress_to_the_jobs_stderr(monkeypatch, capfd):
     """With --direct_running_mode multi_processing the model's step runs in worker processes, whose logs Beam carries
-    to the job only as its own INFO lines, which a quiet job does not show: such a job showed no progress at all."""
+    to the job only as its own INFO lines, which a quiet job does not show: such a job showed no progress at all.
+    A handler's progress, made in the job, counts a batch in a worker process."""
     monkeypatch.setattr(model_handler, "PROGRESS_SECONDS", 0.0)
-    handler = model_handler.SavedModelHandler(model_handler.read_model_info(model_dir), 16)
+    progress = model_handler.Progress()
     capfd.readouterr()
-    worker = multiprocessing.get_context("fork").Process(target=handler._log_progress, args=(16,))
+    worker = multiprocessing.get_context("fork").Process(target=progress.add, args=(16,))
     worker.start()
     worker.join(60)
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]

@@ -44,12 +44,12 @@ def test_a_real_version_loads_warms_up_and_replaces_the_last_and_the_heap_settle
         assert gc.get_freeze_count() > 10_000, "TensorFlow's and the model's objects leave the collector's view"
         with repo.servable_handle("flowers") as servable:
             assert servable.version == 2 and servable.class_names[0] == "daisy"
-            gone = weakref.ref(servable._loaded)
+            gone = weakref.ref(servable)
         del servable
         copy_model(base, 3)
         repo.poll_now()
         assert states(repo) == {3: "AVAILABLE", 2: "END"}
-        assert gone() is None, "an unloaded version's TensorFlow objects are released"
+        assert gone() is None, "an unloaded version, and the TensorFlow objects it holds, are released"
     finally:
         gc.unfreeze()
 

@@ -9,7 +9,7 @@ import sys
 from server_harness import ROOT
 
 PROBE = """
-import json, sys
+import gc, json, sys
 from serving.process import tensorflow_runtime
 from serving.process.flags import parse_args
 from serving.core.runtimes import LoadOptions
@@ -23,7 +23,8 @@ version = tf_serving_models.half_plus_two(sys.argv[-1].split("=", 1)[1] + "_tf1/
 servable = Servable("m", 1, version, LoadOptions())
 y = servable.run("serving_default", {"x": np.array([2.0], np.float32)})["y"]
 assert y.tolist() == [3.0]  # y = x / 2 + 2
-session = servable._loaded._session  # the TF1 Session the model runs in
+import tensorflow as tf
+[session] = [o for o in gc.get_objects() if isinstance(o, tf.compat.v1.Session)]  # the one the model runs in
 eager = context.context().config
 print(json.dumps({
     "session_spinning_off": session._config.experimental.disable_thread_spinning,

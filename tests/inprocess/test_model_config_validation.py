@@ -127,7 +127,7 @@ def test_the_watcher_keeps_the_running_config_when_the_file_breaks_a_rule(tmp_pa
 
 def test_the_watcher_keeps_the_running_config_when_the_file_labels_a_version_not_available(tmp_path, caplog):
     """The file now labels version 9, which is not AVAILABLE: the watch logs TF Serving's FAILED_PRECONDITION
-    (serving/options/config_files.py `check_version_labels`) and the labels served stay as they were (none)."""
+    (serving/core/version_labels.py) and the labels served stay as they were (none)."""
     labelled = config()
     labelled.model_config_list.config[0].version_labels["stable"] = 9
     path = tmp_path / "models.config"

@@ -120,6 +120,7 @@ def test_start_serve_reload_drain_and_exit(tmp_path):
     port = free_port()
     lines: list[str] = []
     stopped_rest: list[bool] = []
+    others = set(threading.enumerate())
     worker = Worker(options(f"--model_base_path={os.path.dirname(base)}", "--model_name=flowers", f"--port={port}",
                             "--enable_model_control", "--rest_api_port=8765", runtime_dir=str(tmp_path),
                             reload_dir=str(tmp_path), started_at=time.monotonic()), announce=lines.append)
@@ -127,6 +128,7 @@ def test_start_serve_reload_drain_and_exit(tmp_path):
         client = worker.start().test_client()
         assert client.get("/healthz").status_code == 200
         worker.dataplane.wait_loaded()
+        [polls] = [t for t in threading.enumerate() if t.name == "petal-repository" and t not in others]
         assert not connects(port) and not worker.startup.done, "gRPC opens only once the REST port accepts"
 
         worker.serve(lambda: stopped_rest.append(True))
@@ -154,8 +156,8 @@ def test_start_serve_reload_drain_and_exit(tmp_path):
     finally:
         worker.drain()
         worker.exit()
-    worker.dataplane.repository._thread.join(WAIT_S)  # a poll pass under way ends first
-    assert not worker.dataplane.repository._thread.is_alive(), "exit stops the DataPlane's threads"
+    polls.join(WAIT_S)  # a poll pass under way ends first
+    assert not polls.is_alive(), "exit stops the DataPlane's threads"
 
 
 def test_a_model_that_fails_to_load_says_why_in_one_line_then_ready_once_a_version_loads(tmp_path, started):

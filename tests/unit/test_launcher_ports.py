@@ -19,9 +19,8 @@ def test_free_ports_are_distinct_and_released():
 
 def test_free_ports_are_outside_the_kernels_ephemeral_range():
     """A port in that range can be taken by any outgoing connection between its choice and the server's bind."""
-    low, high = launcher._ephemeral_ports()
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        assert (low, high) == tuple(map(int, f.read().split()))
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:  # the kernel's own range
+        low, high = map(int, f.read().split())
     assert all(not low <= port <= high for port in launcher.free_ports(50))
 
 

@@ -26,7 +26,7 @@ def block(text: str, name: str) -> list[str]:
 
 @pytest.fixture
 def multiproc_dir(tmp_path):
-    """A master's multiprocess setup, undone afterwards so that later tests get in-process values again."""
+    """A master's multiprocess setup, undone afterwards: later tests' `Metrics` get in-process values again."""
     assert metrics_module.MULTIPROC_ENV not in os.environ
     directory = str(tmp_path / "prometheus")
     prepare_multiprocess(directory)
@@ -34,7 +34,6 @@ def multiproc_dir(tmp_path):
         yield directory
     finally:
         os.environ.pop(metrics_module.MULTIPROC_ENV, None)
-        metrics_module._sync_value_class()
 
 
 def test_counter_exposition_keeps_tf_serving_names():

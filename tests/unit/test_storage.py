@@ -14,13 +14,11 @@ from exported_models import storage
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """Each test's file systems are made from its own environment (they are made once per process otherwise)."""
+    """Each test's file systems are made from its own environment: a file system is made anew for each."""
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT", "S3_USE_HTTPS", "S3_VERIFY_SSL",
                  "AWS_REGION", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(name, raising=False)
-    storage._filesystem.cache_clear()
-    yield monkeypatch
-    storage._filesystem.cache_clear()
+    return monkeypatch
 
 
 @pytest.mark.parametrize(("environment", "client"), [

@@ -68,6 +68,6 @@ def test_a_negative_fraction_is_refused(capsys):
 
 def test_a_started_runtime_is_not_reconfigured():
     eager = context.Context()
-    eager._initialized = True  # as after its first op
+    eager.ensure_initialized()  # as its first op does
     with pytest.raises(RuntimeError):
         tensorflow_runtime.start_eager_context_with(tensorflow_runtime.session_config(parse_args([]).dataplane), eager)
