@@ -20,7 +20,7 @@ __all__ = ["CLASSIFY_METHOD", "DEFAULT_SIGNATURE", "IMAGE_INPUT", "MAX_TRACE_S",
            "PROBABILITIES_OUTPUT", "REGRESS_METHOD", "Code", "DataPlane", "Inputs", "PredictResult", "Profiler",
            "Result", "Servable", "ServingError", "SignatureInfo", "Startup", "Task", "TensorInfo", "VersionState",
            "VersionStatus", "check_shape", "coerce", "deadline_exceeded", "has_events", "invalid", "not_found",
-           "save_trace", "trace_path", "unavailable"]
+           "pooled_bytes", "save_trace", "trace_path", "unavailable"]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,5 +16,6 @@ from serving.core.examples import CLASSIFY_METHOD, REGRESS_METHOD, Result, Task
 from serving.core.profiler import MAX_TRACE_S, Profiler, has_events, trace_path
 from serving.core.profiler import save as save_trace
 from serving.core.repository import VersionState, VersionStatus
+from serving.core.runtimes import pooled_bytes
 from serving.core.servable import Servable
 from serving.core.startup import Startup

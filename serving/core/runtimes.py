@@ -76,6 +76,9 @@ def load_error(error: Exception) -> ServingError:
     return status_error(error) if isinstance(error, tf.errors.OpError) else failed_to_load(error)
 
 
+_pool_high_water = 0  # the pool's peak since the process started, which its own peak forgets when reset
+
+
 def tensor_pool() -> tuple[int, int] | None:
     """Bytes in use and at the peak in TensorFlow's CPU tensor pool, whose peak then starts again from what is in use;
     None where TensorFlow's allocator is its default one, which keeps no count (serving/host/memory.py's
@@ -85,7 +88,16 @@ def tensor_pool() -> tuple[int, int] | None:
         tf.config.experimental.reset_memory_stats("CPU:0")
     except ValueError:
         return None
+    global _pool_high_water
+    _pool_high_water = max(_pool_high_water, info["peak"])
     return info["current"], info["peak"]
+
+
+def pooled_bytes() -> int:
+    """What the tensor pool holds free: the most it ever held in use less what it holds now. The pool gives nothing
+    back, so every byte it once held stays resident for the next tensors (0 without the pool)."""
+    counts = tensor_pool()
+    return 0 if counts is None else max(0, _pool_high_water - counts[0])
 
 
 def load(path: str, options: LoadOptions) -> RuntimeModel:

@@ -122,6 +122,7 @@ class Footprint:
     limit: int
     held: int
     cgroup: CgroupMemory | None = None  # the reading it was measured from; None: estimated from the constants
+    pooled: int = 0  # of the reading, what the workers' tensor pools hold free: left out of `held` (`pool_tensors`)
 
     def fields(self) -> dict[str, object]:
         """For the log line that gives the budget."""
@@ -129,7 +130,8 @@ class Footprint:
             return {"source": "estimate", "limit_bytes": self.limit, "held_bytes": self.held}
         c = self.cgroup
         return {"source": f"cgroup v{c.version}", "limit_bytes": self.limit, "held_bytes": self.held,
-                "working_set_bytes": c.working_set, "file_bytes": c.file, "failed_charges": c.failed_charges}
+                "working_set_bytes": c.working_set, "file_bytes": c.file, "failed_charges": c.failed_charges,
+                "pooled_bytes": self.pooled}
 
 
 def estimated_footprint(memory: int, workers: int) -> Footprint:
@@ -137,12 +139,15 @@ def estimated_footprint(memory: int, workers: int) -> Footprint:
     return Footprint(memory, MASTER_BYTES + workers * IDLE_WORKER_BYTES)
 
 
-def measured_footprint(cgroup: CgroupMemory) -> Footprint:
+def measured_footprint(cgroup: CgroupMemory, pooled: int = 0) -> Footprint:
     """Everything the cgroup is charged for (its usage: the working set and every file page) against its limit:
-    for the usage never to reach the limit, the page cache it holds, active or not, must fit under it too."""
+    for the usage never to reach the limit, the page cache it holds, active or not, must fit under it too. Less
+    `pooled`, what the workers' tensor pools hold free once the load has grown them (its batch cost's measure, its
+    warmup): the requests the budget admits reuse those bytes before the pools grow again, so counting them in the
+    footprint as well would count them twice."""
     if cgroup.limit is None:
         raise ValueError("a cgroup without a memory limit has no footprint to budget against")
-    return Footprint(cgroup.limit, cgroup.usage, cgroup)
+    return Footprint(cgroup.limit, cgroup.usage - pooled, cgroup, pooled)
 
 
 def default_memory_budget(footprint: Footprint, workers: int, floor: int) -> int:
@@ -171,41 +176,45 @@ def log_budget(footprint: Footprint, workers: int, budget: int, pixels: int) -> 
                        extra={"fields": fields})
 
 
-def footprint_after_load(workers: int, shared_dir: str | None,
-                         cgroup_root: str = CGROUP_ROOT) -> tuple[Footprint, bool] | None:
+def footprint_after_load(workers: int, shared_dir: str | None, cgroup_root: str = CGROUP_ROOT,
+                         pooled: int = 0) -> tuple[Footprint, bool] | None:
     """The server's footprint in its cgroup, read once every worker has loaded its models (each worker calls it
-    then), and whether this process read it (and so logs it); None without a cgroup limit.
+    then, with what its tensor pool holds free, `pooled`), and whether this process read it (and so logs it); None
+    without a cgroup limit.
 
     A lone worker reads it at once. Several workers (`shared_dir`, a folder they all see) read it once: each marks
-    itself loaded there and waits for the others, since a reading taken while a sibling still loads would miss
-    what that sibling will hold. The first to see them all loaded reads it and publishes it; the others take what
-    was published, and so does any worker gunicorn starts later in place of one that died (a reading then would
-    count its siblings' requests in flight)."""
+    itself loaded there, with its `pooled`, and waits for the others, since a reading taken while a sibling still
+    loads would miss what that sibling will hold. The first to see them all loaded reads it, with the sum of their
+    `pooled`, and publishes it; the others take what was published, and so does any worker gunicorn starts later in
+    place of one that died (a reading then would count its siblings' requests in flight)."""
     if workers <= 1 or shared_dir is None:
-        return _with_limit(cgroup_memory(cgroup_root), True)
+        return _with_limit(cgroup_memory(cgroup_root), pooled, True)
     folder = Path(shared_dir, "memory")
     folder.mkdir(exist_ok=True)
     published = folder / "footprint.json"
-    (folder / f"loaded.{os.getpid()}").touch()
+    (folder / f"loaded.{os.getpid()}").write_text(str(pooled))
     while not published.exists():
-        if sum(_alive(int(p.suffix[1:])) for p in folder.glob("loaded.*")) >= workers:
+        loaded = [p for p in folder.glob("loaded.*") if _alive(int(p.suffix[1:]))]
+        if len(loaded) >= workers:
             try:
                 os.close(os.open(folder / "reading", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 pass  # a sibling reads it: wait for what it publishes
             else:
                 cgroup = cgroup_memory(cgroup_root)
+                total = sum(int(p.read_text() or 0) for p in loaded)
                 staging = folder / f"footprint.{os.getpid()}.tmp"
-                staging.write_text(json.dumps(None if cgroup is None else asdict(cgroup)))
+                staging.write_text(json.dumps(None if cgroup is None else {"cgroup": asdict(cgroup), "pooled": total}))
                 staging.replace(published)  # in one rename: no sibling reads half of it
-                return _with_limit(cgroup, True)
+                return _with_limit(cgroup, total, True)
         time.sleep(SIBLINGS_POLL_S)
     reading = json.loads(published.read_text())
-    return _with_limit(None if reading is None else CgroupMemory(**reading), False)
+    return (None if reading is None else
+            _with_limit(CgroupMemory(**reading["cgroup"]), reading["pooled"], False))
 
 
-def _with_limit(cgroup: CgroupMemory | None, read_here: bool) -> tuple[Footprint, bool] | None:
-    return None if cgroup is None or cgroup.limit is None else (measured_footprint(cgroup), read_here)
+def _with_limit(cgroup: CgroupMemory | None, pooled: int, read_here: bool) -> tuple[Footprint, bool] | None:
+    return None if cgroup is None or cgroup.limit is None else (measured_footprint(cgroup, pooled), read_here)
 
 
 def _alive(pid: int) -> bool:

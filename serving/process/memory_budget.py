@@ -6,6 +6,8 @@ their models have loaded. The flags check it at start, the master logs an estima
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from serving.host.cpus import CGROUP_ROOT
 from serving.host.memory import (
     Footprint,
@@ -68,12 +70,13 @@ def log_estimated_budget(options: ServerOptions) -> None:
         log_budget(footprint, workers, *resolve_memory_budget(options, footprint))
 
 
-def budget_after_load(options: ServerOptions, cgroup_root: str = CGROUP_ROOT) -> tuple[int, int]:
+def budget_after_load(options: ServerOptions, pooled: Callable[[], int] = lambda: 0,
+                      cgroup_root: str = CGROUP_ROOT) -> tuple[int, int]:
     """The budget and pixel share from the cgroup's reading once every worker has loaded and warmed up its models
-    (a worker calls it then, before it admits a request); logged by the worker that read it. Without a cgroup limit
-    to read, the estimate's."""
+    (a worker calls it then, before it admits a request, with `pooled` reading what its tensor pool holds free);
+    logged by the worker that read it. Without a cgroup limit to read, the estimate's."""
     workers = options.process.workers
-    measured = footprint_after_load(workers, options.process.reload_dir, cgroup_root)
+    measured = footprint_after_load(workers, options.process.reload_dir, cgroup_root, pooled())
     footprint = estimated_footprint(available_memory(cgroup_root), workers) if measured is None else measured[0]
     budget, pixels = resolve_memory_budget(options, footprint)
     if measured is None or measured[1]:

@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from gunicorn.arbiter import Arbiter
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.core import Code, DataPlane, ServingError, Startup, VersionState
+from serving.core import Code, DataPlane, ServingError, Startup, VersionState, pooled_bytes
 from serving.host.memory import pool_tensors, return_freed_blocks
 from serving.options.config import ServerOptions, listening_urls
 from serving.options.config_files import read_model_config
@@ -97,7 +97,8 @@ class Worker:
             pool_tensors()
         configure_tensorflow(options)
         dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
-        measured = functools.partial(budget_after_load, options) if measures_memory_budget(options) else None
+        measured = (functools.partial(budget_after_load, options, pooled_bytes) if measures_memory_budget(options)
+                    else None)
         self._dataplane = self._create_dataplane(dataplane, self.startup,
                                                  drain_seconds=options.process.graceful_timeout,
                                                  budget_after_load=measured)

@@ -131,6 +131,8 @@ def test_a_lone_worker_reads_its_cgroup_at_once(tmp_path):
     footprint, read_here = footprint_after_load(1, None, str(tmp_path))
     assert (footprint.held, read_here) == (1100 * MiB, True)
     assert footprint_after_load(1, None, str(tmp_path / "none")) is None
+    footprint, _ = footprint_after_load(1, None, str(tmp_path), pooled=100 * MiB)
+    assert (footprint.held, footprint.pooled) == (1000 * MiB, 100 * MiB), "its tensor pool's free bytes are left out"
 
 
 def test_several_workers_read_it_once_all_have_loaded_and_later_ones_take_what_was_published(tmp_path):
@@ -141,19 +143,19 @@ def test_several_workers_read_it_once_all_have_loaded_and_later_ones_take_what_w
     (shared / "memory").mkdir()
     (shared / "memory" / f"loaded.{dead_pid()}").touch()  # a worker that died loading counts for nothing
     done: list = []
-    first = threading.Thread(target=lambda: done.append(footprint_after_load(2, str(shared), str(root))))
+    first = threading.Thread(target=lambda: done.append(footprint_after_load(2, str(shared), str(root), 30 * MiB)))
     first.start()
     first.join(0.5)
     assert not done, "it waits for its sibling"
     sibling = subprocess.Popen(["sleep", "30"])
     try:
-        (shared / "memory" / f"loaded.{sibling.pid}").touch()
+        (shared / "memory" / f"loaded.{sibling.pid}").write_text(str(20 * MiB))  # its tensor pool's free bytes
         first.join(10)
-        assert done and done[0][0].held == 1100 * MiB and done[0][1]
+        assert done and done[0][0].held == 1050 * MiB and done[0][1], "both pools' free bytes are left out"
         cgroup_v2(root, usage=1900 * MiB)  # later, requests in flight: a replacement worker must not read this
         footprint, read_here = footprint_after_load(2, str(shared), str(root))
-        assert (footprint.held, read_here) == (1100 * MiB, False)
-        assert json.loads((shared / "memory" / "footprint.json").read_text())["usage"] == 1100 * MiB
+        assert (footprint.held, footprint.pooled, read_here) == (1050 * MiB, 50 * MiB, False)
+        assert json.loads((shared / "memory" / "footprint.json").read_text())["cgroup"]["usage"] == 1100 * MiB
     finally:
         sibling.kill()
         sibling.wait()
@@ -165,11 +167,12 @@ def test_the_budget_after_load_is_measured_and_logged_in_one_line(tmp_path, capl
     assert measures_memory_budget(options, str(tmp_path))
     assert not measures_memory_budget(options, str(tmp_path / "none"))  # no cgroup: the estimate, known at once
     caplog.set_level(logging.INFO, logger="serving.host.memory")
-    budget, pixels = budget_after_load(options, str(tmp_path))
-    assert budget == default_memory_budget(measured_footprint(cgroup_memory(str(tmp_path))), 1, 0)
+    budget, pixels = budget_after_load(options, lambda: 64 * MiB, cgroup_root=str(tmp_path))
+    assert budget == default_memory_budget(measured_footprint(cgroup_memory(str(tmp_path)), 64 * MiB), 1, 0)
     assert pixels == default_pixel_share(budget, options.dataplane.max_image_pixels)
     [line] = [r for r in caplog.records if r.getMessage() == "memory budget"]
-    assert line.fields == {"source": "cgroup v1", "limit_bytes": 2 * GiB, "held_bytes": 1100 * MiB,
+    assert line.fields == {"source": "cgroup v1", "limit_bytes": 2 * GiB, "held_bytes": 1036 * MiB,
                            "working_set_bytes": 320 * MiB, "file_bytes": 820 * MiB, "failed_charges": 7,
-                           "workers": 1, "memory_budget_bytes": budget, "max_inflight_pixels": pixels}
+                           "pooled_bytes": 64 * MiB, "workers": 1, "memory_budget_bytes": budget,
+                           "max_inflight_pixels": pixels}
     assert line.levelno == logging.INFO
