@@ -1,5 +1,5 @@
-"""Fixtures several end-to-end modules share: one `petal serve` on the tiny model, the tiny training data, and a gRPC
-channel and PredictionService stub to the module's own `server`."""
+"""Fixtures several end-to-end modules share: one `petal serve` on the tiny model, the tiny training data, a gRPC
+channel and PredictionService stub to the module's own `server`, and one standalone Spark cluster per test process."""
 import pytest
 
 from server_harness import run_server, tiny_model_base
@@ -10,6 +10,15 @@ from training_data import write_tfrecords
 def tiny_data(tmp_path_factory):
     """Real JPEGs of the five classes as train/eval shards plus labels.txt, shared by the training tests."""
     return write_tfrecords(str(tmp_path_factory.mktemp("tiny_flowers")))
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """The Spark tests' standalone cluster (tests/spark_cluster.py), started at most once in a test process."""
+    from spark_cluster import running_cluster
+
+    with running_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ IAM keys required, holds the model, the photos and the predictions.
 
 The commands are docs/batch.md's own ('Object stores'), read from it and run as a user types them, in a folder of
 their own (the virtualenv linked there, a checkpoint in `runs/flowers`): `petal export` uploads the next version
-beside the one there; the Beam job and the Spark job (on the standalone cluster of test_batch_prediction_spark.py,
+beside the one there; the Beam job and the Spark job (on the Spark tests' standalone cluster, tests/spark_cluster.py,
 whose executors run in their workers' folders and get the store's variables from `spark.executorEnv.*` only) read
 that version and nine photos, one a corrupt JPEG, from the store and write one result or one error per photo back
 to it, with the answers of the model's own serving signature. Every input format reads from the store as from a
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_batch_prediction_spark import Cluster, cluster  # noqa: F401 (cluster: the Spark tests' fixture)
 
 from batch_jobs import (
     assert_each_fails_fast_in_one_line,
@@ -37,6 +36,7 @@ from exported_models import storage
 from object_stores import MotoS3, client_environment, s3_store_fixture  # noqa: F401 (the s3_store fixture)
 from server_harness import IMAGE_SIZE, LABELS, ROOT, tiny_model_base
 from serving.batch_prediction import steps
+from spark_cluster import Cluster
 from training import synth
 from training.models import ModelConfig
 
@@ -173,22 +173,22 @@ def variables(pid: int) -> list[str]:
         return [entry.split(b"=", 1)[0].decode() for entry in f.read().split(b"\0") if entry]
 
 
-def model_copies(cluster: Cluster) -> list[int]:  # noqa: F811 (the fixture of that name)
+def model_copies(cluster: Cluster) -> list[int]:
     """How many copies of the model the executors downloaded into their application folders, on each worker."""
     return [len(glob.glob(os.path.join(work_dir, "*", "*", "petal-model-*", "flowers", "2", "saved_model.pb")))
             for work_dir in cluster.work_dirs]
 
 
 def test_a_spark_job_on_the_cluster_reads_and_writes_s3_with_the_executor_environment_it_was_given(
-        store, folder, exported, reference, cluster):  # noqa: F811 (the fixture of that name)
+        store, folder, exported, reference, spark_cluster):
     """The cluster's workers were started without the store's variables: the executors have them only from the
     job's spark.executorEnv settings, and download the model themselves, into their own folders."""
-    assert not [name for pid in cluster.worker_pids for name in variables(pid) if name in store.env]
-    command = documented_commands()["spark"].replace("spark://HOST:7077", cluster.url)
+    assert not [name for pid in spark_cluster.worker_pids for name in variables(pid) if name in store.env]
+    command = documented_commands()["spark"].replace("spark://HOST:7077", spark_cluster.url)
     done = run(command, folder, client_environment(spark_env(), store.env))
     names = assert_every_photo_once(store, done.stdout, f"s3://{BUCKET}/predictions/spark", reference)
     assert len(names) == json.loads(done.stdout.splitlines()[-1])["partitions"] + 1 == 4
-    assert model_copies(cluster) == [1, 1]  # by each worker's executor, whose one Python worker ran its tasks
+    assert model_copies(spark_cluster) == [1, 1]  # by each worker's executor, whose one Python worker ran its tasks
 
 
 @pytest.fixture

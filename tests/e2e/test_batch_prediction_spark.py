@@ -1,5 +1,5 @@
-"""`petal batch --engine=spark` on a real standalone Spark cluster (a master and two 1-core workers on 127.0.0.1,
-started once per session from PyPI's pyspark and the system's JVM) and on `local[1]`.
+"""`petal batch --engine=spark` on a real standalone Spark cluster (a master and two workers on 127.0.0.1, started
+at most once per test process by tests/spark_cluster.py) and on `local[1]`.
 
 Every input record comes out once, as a result or an error; the answers are the Beam job's on the same records;
 a job started elsewhere with relative paths runs on both workers with the model shipped to them; a TFRecord file
@@ -22,9 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import pyspark
@@ -42,95 +39,24 @@ from batch_jobs import (
     write_tfrecord_input,
 )
 from load_tests.pixel_flood import flat_jpeg
-from server_harness import ROOT, TF_NATIVE_LOG, free_ports, tiny_model_base
+from server_harness import ROOT, TF_NATIVE_LOG, tiny_model_base
 from serving.batch_prediction import job as beam_job
 from serving.batch_prediction import preflight, spark_job
+from spark_cluster import CLUSTER_START_S, WORKERS, Cluster
 from training import synth
 
-SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
 GOOD = 30
 GONE = "gone.jpg"  # a link to a deleted photo
 CORRUPT = {"corrupt.jpg": "Invalid JPEG data", "empty.jpg": "Input is empty",
            "notes.jpg": "Unknown image file format",
            "bomb.jpg": "Image too large: 49000000 pixels exceeds the limit of 40000000 (--max_image_pixels)"}
-CLUSTER_START_S = 120
-WORKERS = 2
-
-
-@dataclass(frozen=True)
-class Cluster:
-    url: str
-    worker_pids: tuple[int, ...]
-    work_dirs: tuple[str, ...]  # each worker's SPARK_WORKER_DIR, where its executors run and unpack shipped archives
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """A standalone master and two 1-core workers, each with a folder of its own, up once the master lists both
-    workers as ALIVE. Every daemon binds to 127.0.0.1 only."""
-    folder = tmp_path_factory.mktemp("spark-cluster")
-    port, master_ui, *worker_uis = free_ports(2 + WORKERS)
-    env = {**spark_env(), "SPARK_LOG_DIR": str(folder)}
-    processes = []
-    deadline = time.monotonic() + CLUSTER_START_S
-
-    def start(name: str, *argv: str, env: dict[str, str] = env) -> None:
-        with open(folder / f"{name}.log", "wb") as log:
-            processes.append(subprocess.Popen([SPARK_CLASS, *argv], env=env, stdout=log, stderr=subprocess.STDOUT))
-
-    def wait(name: str, ready) -> None:
-        """Waits until `ready` holds: a worker started before its master has answered waits seconds for its next
-        registration attempt."""
-        while not ready():
-            assert all(p.poll() is None for p in processes), (folder / f"{name}.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"the Spark {name} was not ready in {CLUSTER_START_S} s"
-            time.sleep(0.25)
-
-    try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(master_ui))
-        wait("master", lambda: _master_state(master_ui) is not None)
-        work_dirs = tuple(str(folder / f"work-{i}") for i in range(WORKERS))
-        for i, worker_ui in enumerate(worker_uis):
-            start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
-                  "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(worker_ui),
-                  env={**env, "SPARK_WORKER_DIR": work_dirs[i]})
-        wait("workers", lambda: _alive_workers(master_ui) == WORKERS)
-        yield Cluster(f"spark://127.0.0.1:{port}", tuple(p.pid for p in processes[1:]), work_dirs)
-    finally:
-        for process in reversed(processes):
-            _stop(process)
-
-
-def _master_state(master_ui: int) -> dict | None:
-    """The master's status page as JSON, or None while it does not answer yet: its web UI can accept connections
-    and answer an empty body before the page is mounted (CI of f3e092d failed on that)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{master_ui}/json/", timeout=5) as response:
-            return json.load(response)
-    except (OSError, ValueError):
-        return None
-
-
-def _alive_workers(master_ui: int) -> int:
-    state = _master_state(master_ui)
-    return 0 if state is None else sum(w["state"] == "ALIVE" for w in state["workers"])
-
-
-@pytest.fixture(scope="session")
-def spark(cluster, tmp_path_factory):
+def spark(spark_cluster, tmp_path_factory):
     """This process as the driver of one application on the cluster, shared by the tests that run jobs in it."""
     os.environ.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    session = (pyspark.sql.SparkSession.builder.master(cluster.url).appName("petal-tests")
+    session = (pyspark.sql.SparkSession.builder.master(spark_cluster.url).appName("petal-tests")
                .config(map={**spark_job.LOCAL_CONF, "spark.ui.enabled": "false", "spark.executor.memory": "1g",
                             "spark.executorEnv.PYTHONPATH": spark_env()["PYTHONPATH"],
                             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -258,14 +184,14 @@ def shipped_copies(cluster: Cluster) -> dict[str, set[str]]:
 
 
 def test_relative_paths_from_another_folder_run_on_both_workers_with_the_model_shipped(
-        spark, cluster, model_dir, images, tmp_path, monkeypatch):
+        spark, spark_cluster, model_dir, images, tmp_path, monkeypatch):
     """The driver's working directory is neither worker's; the model and inputs are named relative to it."""
     driver = tmp_path / "driver"
     (driver / "photos").mkdir(parents=True)
     shutil.copytree(model_dir, driver / "models" / "flowers")
     for path, data in images.items():
         (driver / "photos" / os.path.basename(path)).write_bytes(data)
-    before = shipped_copies(cluster)
+    before = shipped_copies(spark_cluster)
     monkeypatch.chdir(driver)
     summary = spark_job.run(spark_job.parse_args(spark_args("models/flowers", "photos/*", "out")), spark)
     assert summary["complete"] and summary["partitions"] >= WORKERS
@@ -273,7 +199,7 @@ def test_relative_paths_from_another_folder_run_on_both_workers_with_the_model_s
     assert summary["model"] == str(driver / "models" / "flowers" / "1")
     results, errors = read_output(str(driver / "out"))
     assert_nothing_lost(results, errors, [str(driver / "photos" / os.path.basename(p)) for p in images])
-    new = {folder: copies - before[folder] for folder, copies in shipped_copies(cluster).items()}
+    new = {folder: copies - before[folder] for folder, copies in shipped_copies(spark_cluster).items()}
     assert all(len(copies) == 1 for copies in new.values()), new  # so each worker's executor ran tasks
 
 
@@ -342,15 +268,15 @@ def kill_first_new_worker(ancestors: tuple[int, ...], before: set[int], stop: th
 
 
 def test_a_task_whose_python_worker_is_killed_is_retried_with_no_record_lost_or_doubled(
-        spark, cluster, model_dir, images, tmp_path):
-    idle = python_workers_under(cluster.worker_pids)
+        spark, spark_cluster, model_dir, images, tmp_path):
+    idle = python_workers_under(spark_cluster.worker_pids)
     for pid in idle:  # so that the job's first task forks a fresh worker, which the killer can catch cold
         os.kill(pid, signal.SIGKILL)
     output = str(tmp_path / "out")
     args = spark_job.parse_args(spark_args(model_dir, os.path.join(os.path.dirname(next(iter(images))), "*"),
                                            output))
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_first_new_worker, args=(cluster.worker_pids, idle, stop, killed))
+    killer = threading.Thread(target=kill_first_new_worker, args=(spark_cluster.worker_pids, idle, stop, killed))
     killer.start()
     context = spark.sparkContext
     context.setJobGroup("killed-worker", "a Python worker is killed during the first task")
@@ -414,11 +340,11 @@ def test_bad_flags_and_a_used_output_dir_stop_before_spark_starts(model_dir, ima
 
 
 def test_a_job_that_cannot_start_exits_2_in_seconds_with_one_line_before_the_cluster_is_asked(
-        cluster, model_dir, images, tmp_path, capfd):
+        spark_cluster, model_dir, images, tmp_path, capfd):
     """Each failure the driver can see ends the job before any task, with no Spark traceback, in seconds where
     failing every task on the cluster (a model without its variables, before) took tens of them."""
     pattern = os.path.join(os.path.dirname(next(iter(images))), "*")
-    jobs = failing_jobs(tmp_path, model_dir, pattern, "--engine=spark", "--spark_master", cluster.url)
+    jobs = failing_jobs(tmp_path, model_dir, pattern, "--engine=spark", "--spark_master", spark_cluster.url)
     with socket.socket() as closed:  # bound, never listening: a connection to it is refused
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
