@@ -11,8 +11,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# uv (PyPI's, into the venv) installs what pip resolves, in less time: a fresh `make install` on 2 cores took 2.5
 	# minutes against pip's 7.4 (docs/development.md). pip stays: perf_analyzer's fetch below runs `pip download`.
+	# Compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI) nothing else writes it, and every
+	# process that imports TensorFlow and Keras from source took 6 s more to start.
 	$(PY) -m pip install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[test]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[test]'
 	# Triton's perf_analyzer binary (a second load generator) into $(VENV)/perf_analyzer: tests download nothing.
 	$(PY) -m load_tests.perf_analyzer
 	# Azurite, Azure Blob's emulator, for the object-store tests (tests/object_stores.py): 3.35 is the last for Node 20.
