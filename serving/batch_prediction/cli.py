@@ -98,8 +98,58 @@ def run_and_report(run: Callable[[], dict[str, Any]], output_dir: str) -> int:
     return steps.report(job_summary)
 
 
+class CtrlC:
+    """Whether a Ctrl-C has come, answered from any thread as soon as the kernel holds it for this process.
+
+    A terminal signals the job and its Beam workers at once, and a worker can print its traceback before the job's
+    main thread runs Python's handler: that waits for the main thread to come back from C. The signal is seen
+    earlier: pending in the process's shared set (/proc/self/status, ShdPnd) until a thread takes it, then in the
+    byte Python's C-level handler writes to the wakeup fd that `stopped_by_ctrl_c` sets."""
+
+    def __init__(self) -> None:
+        self._seen = threading.Event()
+        self._lock = threading.Lock()  # the relay's thread and the logging threads ask while the block closes
+        self.wakeup_read, self.wakeup_write = os.pipe()
+        for end in (self.wakeup_read, self.wakeup_write):
+            os.set_blocking(end, False)
+
+    def __enter__(self) -> CtrlC:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            os.close(self.wakeup_read)
+            os.close(self.wakeup_write)
+            self.wakeup_read = -1
+
+    def set(self) -> None:
+        self._seen.set()
+
+    def is_set(self) -> bool:
+        if self._seen.is_set():
+            return True
+        with self._lock:
+            if self.wakeup_read >= 0:
+                with contextlib.suppress(BlockingIOError):
+                    if signal.SIGINT in os.read(self.wakeup_read, 512):
+                        self._seen.set()
+            if _sigint_pending():
+                self._seen.set()
+        return self._seen.is_set()
+
+
+def _sigint_pending() -> bool:
+    """Whether a SIGINT is pending for this process, not yet taken by any thread (False where /proc has no such
+    line, off Linux)."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("ShdPnd:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    return False
+
+
 @contextlib.contextmanager
-def stopped_by_ctrl_c(interrupted: threading.Event) -> Iterator[None]:
+def stopped_by_ctrl_c(interrupted: CtrlC) -> Iterator[None]:
     """Within the block a Ctrl-C sets `interrupted`, after which nothing more is logged, and leaves it as a
     KeyboardInterrupt, whatever the engine made of it (Beam's in-memory runner raised a RuntimeError, after an
     ERROR log line with the traceback of every frame it went through). A no-op outside the main thread, which
@@ -119,6 +169,7 @@ def stopped_by_ctrl_c(interrupted: threading.Event) -> Iterator[None]:
     for handler in handlers:
         handler.addFilter(not_after_it)
     previous = signal.signal(signal.SIGINT, stop)
+    previous_wakeup = signal.set_wakeup_fd(interrupted.wakeup_write, warn_on_full_buffer=False)
     try:
         yield
     except BaseException:
@@ -126,6 +177,7 @@ def stopped_by_ctrl_c(interrupted: threading.Event) -> Iterator[None]:
             raise KeyboardInterrupt from None
         raise
     finally:
+        signal.set_wakeup_fd(previous_wakeup)
         signal.signal(signal.SIGINT, previous)
         for handler in handlers:
             handler.removeFilter(not_after_it)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from serving import tensorflow_logs
 from serving.batch_prediction import preflight, steps
 from serving.batch_prediction.cli import (
     SPARK_ONLY_FLAGS,
+    CtrlC,
     add_job_flags,
     check_job_flags,
     quiet,
@@ -242,8 +242,9 @@ def run(args: argparse.Namespace, options: PipelineOptions) -> dict[str, Any]:
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, info)
     level = tensorflow_logs.min_log_level()
-    interrupted = threading.Event()  # the worker processes get a Ctrl-C too: their tracebacks are not shown
-    with tensorflow_logs.stderr_filtered(lambda line: not interrupted.is_set() and shown_quiet(line, level)) \
+    # the worker processes get a Ctrl-C too: their tracebacks are not shown
+    with CtrlC() as interrupted, \
+            tensorflow_logs.stderr_filtered(lambda line: not interrupted.is_set() and shown_quiet(line, level)) \
             if quiet() else nullcontext(), stopped_by_ctrl_c(interrupted):
         result = pipeline.run()
         result.wait_until_finish()
