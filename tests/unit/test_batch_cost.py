@@ -28,7 +28,12 @@ SAMPLE = {"x": np.array([b"image"], dtype=object)}
 
 
 def test_batches_stop_at_the_size_past_which_an_image_costs_more_and_each_row_is_charged_its_memory():
-    measured = cost.measure(priced(0.002, dearer_from=4), SAMPLE, largest=64, seconds=120)
+    """10 ms of CPU a row: mapping and writing a row's 16 MiB costs 1.5-2.4 ms more, by the machine's state, which
+    against 2 ms a row made batches of 2 look 19% dearer than 1 in a CI run. Warmed up first, as the server warms
+    its model before the measure: a cold first pass made every size look alike and the measure ran on to 32."""
+    run = priced(0.01, dearer_from=4)
+    run({"x": np.array([b"image"] * 8, dtype=object)})
+    measured = cost.measure(run, SAMPLE, largest=64, seconds=120)
     assert measured.max_batch_size == 2, measured
     assert max(measured.cpu_ms) <= 8, "two sizes dearer in a row end the measure"
     assert ROW_BYTES * 0.9 <= measured.row_bytes <= ROW_BYTES * 1.5, measured
