@@ -21,12 +21,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_a_ctrl_c_is_seen_from_another_thread_while_the_main_thread_is_still_in_c():
     assert threading.current_thread() is threading.main_thread()
     times: dict[str, float] = {}
+    into_c = threading.Event()
 
     def send_and_watch(ctrl_c: CtrlC) -> None:
-        time.sleep(0.3)  # the main thread is in C by now
+        into_c.wait()
+        time.sleep(0.05)  # the main thread is in C by now, for a second or more
         assert not ctrl_c.is_set()
         times["sent"] = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # long taken by the main thread's C-level handler, no longer pending: the wakeup fd tells
         while not ctrl_c.is_set() and time.monotonic() < times["sent"] + 30:
             time.sleep(0.001)
         times["seen"] = time.monotonic()
@@ -35,6 +38,7 @@ def test_a_ctrl_c_is_seen_from_another_thread_while_the_main_thread_is_still_in_
     with CtrlC() as ctrl_c, pytest.raises(KeyboardInterrupt), stopped_by_ctrl_c(ctrl_c):
         watcher = threading.Thread(target=send_and_watch, args=(ctrl_c,))
         watcher.start()
+        into_c.set()
         # in C without the GIL, and without a check for signals: the Python handler waits for it to return
         hashlib.pbkdf2_hmac("sha256", b"petal", b"salt", 3_000_000)
     times["raised"] = time.monotonic()
