@@ -525,11 +525,10 @@ def median_limits(rounds: list[list[Limit]]) -> list[Limit]:
 
 def limit_main(argv: list[str]) -> int:
     model_dir, path, seconds, intra, loader = argv
-    if int(loader):  # the allocator a worker with a memory budget (the default) runs under, as the worker sets it
-        from serving.host.memory import pool_tensors, return_freed_blocks
+    if int(loader):  # a worker has a memory budget by default
+        from serving.host.memory import allocate_within_a_budget
 
-        return_freed_blocks()
-        pool_tensors()
+        allocate_within_a_budget()
     with open(path, "rb") as f:
         photos = pickle.load(f)
     print(json.dumps(dataclasses.asdict(in_process_limit(model_dir, photos, float(seconds), int(intra),

@@ -126,16 +126,16 @@ class CtrlC:
         self._seen.set()
 
     def is_set(self) -> bool:
-        if self._seen.is_set():
-            return True
-        with self._lock:
-            if self.wakeup_read >= 0:
-                with contextlib.suppress(BlockingIOError):
-                    if signal.SIGINT in os.read(self.wakeup_read, 512):
-                        self._seen.set()
-            if _sigint_pending():
-                self._seen.set()
+        if not self._seen.is_set():
+            with self._lock:
+                if self._in_wakeup() or _sigint_pending():
+                    self._seen.set()
         return self._seen.is_set()
+
+    def _in_wakeup(self) -> bool:
+        with contextlib.suppress(BlockingIOError):
+            return self.wakeup_read >= 0 and signal.SIGINT in os.read(self.wakeup_read, 512)
+        return False
 
 
 def _sigint_pending() -> bool:

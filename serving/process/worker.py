@@ -31,7 +31,7 @@ from gunicorn.arbiter import Arbiter
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.core import Code, DataPlane, ServingError, Startup, VersionState, pooled_bytes
-from serving.host.memory import pool_tensors, return_freed_blocks
+from serving.host.memory import allocate_within_a_budget
 from serving.options.config import ServerOptions, listening_urls
 from serving.options.config_files import read_model_config
 from serving.process.memory_budget import budget_after_load, measures_memory_budget, resolve_memory_budget
@@ -93,8 +93,7 @@ class Worker:
         options = self.options
         budget, pixels = resolve_memory_budget(options)
         if budget > 0:  # before TensorFlow's threads allocate: the budget counts what is freed as returned
-            return_freed_blocks()
-            pool_tensors()
+            allocate_within_a_budget()
         configure_tensorflow(options)
         dataplane = dataclasses.replace(options.dataplane, memory_budget_bytes=budget, max_inflight_pixels=pixels)
         measured = (functools.partial(budget_after_load, options, pooled_bytes) if measures_memory_budget(options)
