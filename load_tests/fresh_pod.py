@@ -12,10 +12,14 @@ and the server would use them free of charge. TensorFlow's libraries are 1.4 GB,
 of its shared objects, which nothing else maps (they find each other through $ORIGIN, the folder they were opened
 from: the copy's). It is put first on the server's PYTHONPATH.
 
+One pod at a time on a machine (a lock in /var/tmp): two would share neither pages nor a cold cache, and each copy
+needs 1.4 GB of disk, which is checked before it is made.
+
 Needs root, to create the cgroup, mount and drop the page cache; `unavailable()` says why it cannot be done.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -32,6 +36,8 @@ from serving.host.memory import CgroupMemory, read_cgroup_v1, read_cgroup_v2
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 DISK_TMP = "/var/tmp"  # the copies must be on a disk, whose pages can be dropped (a tmpfs's cannot)
+LOCK = Path(DISK_TMP) / "petal-pod.lock"
+DISK_MARGIN = 256 * 2**20  # what the copy leaves free on the disk, for everything else that writes there
 SAMPLE_S = 0.005  # the working set has no high-water mark of its own: it is sampled this often
 
 
@@ -135,6 +141,10 @@ def private_tensorflow(folder: Path) -> Path:
     assert spec is not None and spec.submodule_search_locations, "TensorFlow is not installed"
     package = Path(spec.submodule_search_locations[0])
     libraries = {path for path in package.rglob("*.so*") if path.is_file()}
+    needed, free = sum(path.stat().st_size for path in libraries), shutil.disk_usage(folder).free
+    if needed + DISK_MARGIN > free:
+        raise OSError(f"a fresh pod copies TensorFlow's libraries ({needed / 2**30:.1f} GiB) to {folder.parent}, "
+                      f"which has {free / 2**30:.1f} GiB free")
     holders = {parent for path in libraries for parent in path.parents}
     _mirror(package, folder / "tensorflow", libraries, holders)
     return folder
@@ -166,22 +176,24 @@ def fresh_pod(limit: int) -> Iterator[Pod]:
     found = own_cgroup()
     assert found is not None, unavailable()
     version, parent = found
-    folder = Path(tempfile.mkdtemp(prefix="petal-pod-", dir=DISK_TMP))
-    cgroup = parent / folder.name
-    cgroup.mkdir()
-    try:
-        if version == 1:
-            (cgroup / "memory.limit_in_bytes").write_text(f"{limit}\n")
-        else:
-            (cgroup / "memory.max").write_text(f"{limit}\n")
-            if (cgroup / "memory.swap.max").exists():
-                (cgroup / "memory.swap.max").write_text("0\n")
-        pod = Pod(version, cgroup, limit, {"PYTHONPATH": str(private_tensorflow(folder))})
-        drop_page_cache()
-        yield pod
-    finally:
-        _empty(cgroup)
-        shutil.rmtree(folder, ignore_errors=True)
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, and by the kernel if this process dies
+        folder = Path(tempfile.mkdtemp(prefix="petal-pod-", dir=DISK_TMP))
+        cgroup = parent / folder.name
+        cgroup.mkdir()
+        try:
+            if version == 1:
+                (cgroup / "memory.limit_in_bytes").write_text(f"{limit}\n")
+            else:
+                (cgroup / "memory.max").write_text(f"{limit}\n")
+                if (cgroup / "memory.swap.max").exists():
+                    (cgroup / "memory.swap.max").write_text("0\n")
+            pod = Pod(version, cgroup, limit, {"PYTHONPATH": str(private_tensorflow(folder))})
+            drop_page_cache()
+            yield pod
+        finally:
+            _empty(cgroup)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _empty(cgroup: Path, timeout_s: float = 30.0) -> None:

@@ -6,6 +6,7 @@ training API), so protocol tests exercise a real SavedModel without paying for t
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import io
 import json
@@ -154,7 +155,9 @@ def tiny_model_base() -> str:
         from training.export import export_saved_model
         from training.models import build_model
 
-        base = os.path.join(tempfile.mkdtemp(prefix="petal-test-model-"), "flowers")
+        folder = tempfile.mkdtemp(prefix="petal-test-model-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        base = os.path.join(folder, "flowers")
         model = build_model("compact", len(LABELS), IMAGE_SIZE)
         export_saved_model(model, base, LABELS, IMAGE_SIZE, version=1,
                            warmup_images=[jpeg(seed=s) for s in range(3)])
