@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,8 +32,6 @@ PROFILE_SERVICE = "/tensorflow.ProfilerService/"  # auth.PROFILE: admin's once t
 # A call whose message is late ends as one past its deadline does (REST answers 408 Request Timeout).
 LATE = grpc.StatusCode.DEADLINE_EXCEEDED
 IDLE_WAKE_S = 1.0  # the watchdog's sleep while it watches nothing
-# What a held-back call costs the worker (grpc core's call and grpcio's state of it): 4,000 of them grew one by 80 MB.
-HELD_CALL_BYTES = 32 * 1024
 BUSY_DETAILS = "Every receive slot is busy with other requests' messages; retry shortly"
 REFUSED_DETAILS = ("Every receive slot, and every place in the queue for one, is taken by clients that hold no more "
                    "than this one's connection and address do; retry shortly")
@@ -168,12 +165,12 @@ class Starter(futures.ThreadPoolExecutor):
     on the polling thread, and goes to the server's pool only once the message is in: grpcio's own way has a pool
     thread ask for it and sleep until the polling thread hands it over (3 to 7 more thread switches a call,
     measured in docs/performance.md, 'gRPC's message received before a thread takes the call'). A call that waits
-    for a slot holds no thread meanwhile, and one that finds neither a slot nor room to wait is held back, then
-    refused RESOURCE_EXHAUSTED (`hold_back`). Its lease is watched from its arrival: past --request_body_timeout a
-    call still waiting is answered UNAVAILABLE, one still receiving DEADLINE_EXCEEDED; a call whose slot a fairer
-    share takes is ended RESOURCE_EXHAUSTED. Once the call is served a lease still held (its message never came) is
-    given back. With a grpcio whose polling internals `_receiving` does not know, the message is asked for on the
-    pool thread, once the call has its slot (and a call without a slot nor a place is refused at once)."""
+    for a slot holds no thread meanwhile, and one that finds neither a slot nor room to wait is refused
+    RESOURCE_EXHAUSTED at once. Its lease is watched from its arrival: past --request_body_timeout a call still
+    waiting is answered UNAVAILABLE, one still receiving DEADLINE_EXCEEDED; a call whose slot a fairer share takes
+    is ended RESOURCE_EXHAUSTED. Once the call is served a lease still held (its message never came) is given back.
+    With a grpcio whose polling internals `_receiving` does not know, the message is asked for on the pool thread,
+    once the call has its slot."""
 
     def __init__(self, gate: Gate, leased: list[Lease], logged: Logged | None) -> None:  # a pool without threads
         self.gate, self.leased, self.logged = gate, leased, logged
@@ -197,49 +194,12 @@ class Starter(futures.ThreadPoolExecutor):
         state = self.gate.shares.claim(claim)
         if state == REFUSED:
             lease.release()
-            self.hold_back()
+            self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, REFUSED_DETAILS)
             return self.served
         self.gate.watchdog.watch(lease, self.started + self.gate.receive_wait, self.expire)
         if state == HOLDING:
             self.granted()
         return self.served
-
-    def hold_back(self) -> None:
-        """Refuse a call that finds neither a slot nor a place to wait, and no peer holding more, past
-        --request_body_timeout of its start, its stream kept open meanwhile. Refused at once, a client that reopens
-        each call as it ends (64 connections of 64 held streams) sends them faster than grpcio's polling thread ends
-        them, and grpc core, with a backlog past its `max_pending_requests`, drops new calls at random, everyone's.
-        Held back (for a random half to all of that time, so that calls held back together are not all reopened
-        together), the call takes no slot nor thread, grpcio counts it no more (`server.max_calls`), it holds
-        HELD_CALL_BYTES of the memory budget (refused at once when there is no room) and lets it go as soon as its
-        client ends it."""
-        assert self.run_args is not None
-        args, self.run_args = self.run_args[1], None
-        rpc = args[2] if _RECEIVE is not None and len(args) == 7 else None  # grpcio's state of the call
-        try:
-            reservation = None if rpc is None else self.gate.hold(HELD_CALL_BYTES)
-        except ServingError:
-            reservation = None
-        if reservation is None:
-            self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, REFUSED_DETAILS)
-            return
-        lease = Lease(None, reservation)
-
-        def gone() -> None:  # run as the call ends, however it ends: by its client, it leaves its log line here
-            if lease.release() and self.logged is not None:
-                self.logged.ended(self.call, self.started, grpc.StatusCode.CANCELLED)
-        with rpc.condition:
-            ended = rpc.callbacks is None
-            if not ended:
-                rpc.callbacks.append(gone)
-        if ended:
-            lease.release()
-            self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, REFUSED_DETAILS)
-            return
-        _settle(self.served)
-        held_s = self.gate.receive_wait * random.uniform(0.5, 1.0)  # calls held back together do not all end together
-        self.gate.watchdog.watch(lease, self.started + held_s,
-                                 lambda: self.stop(grpc.StatusCode.RESOURCE_EXHAUSTED, REFUSED_DETAILS))
 
     def granted(self) -> None:
         """The call has its slot: reserve the budget for its message (UNAVAILABLE when it has no room) and ask for
