@@ -143,7 +143,7 @@ def private_tensorflow(folder: Path) -> Path:
     libraries = {path for path in package.rglob("*.so*") if path.is_file()}
     needed, free = sum(path.stat().st_size for path in libraries), shutil.disk_usage(folder).free
     if needed + DISK_MARGIN > free:
-        raise OSError(f"a fresh pod copies TensorFlow's libraries ({needed / 2**30:.1f} GiB) to {folder.parent}, "
+        raise OSError(f"a fresh pod copies TensorFlow's libraries ({needed / 2**30:.1f} GiB) to {folder}, "
                       f"which has {free / 2**30:.1f} GiB free")
     holders = {parent for path in libraries for parent in path.parents}
     _mirror(package, folder / "tensorflow", libraries, holders)
